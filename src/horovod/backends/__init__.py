@@ -1,0 +1,1 @@
+"""Data planes: how bytes move between ranks once the coordinator has said what to run."""

@@ -1,0 +1,94 @@
+"""The data-plane interface every backend implements.
+
+All methods work on flat, contiguous numpy arrays of one dtype and are called by the engine thread only, in the
+same order on every rank of the group. Counts are in elements. Allreduce takes lists of arrays so that a
+backend can move a fused batch without first copying it into a separate fusion buffer; the default
+implementation here does use a reusable fusion buffer and calls :meth:`Backend.allreduce_buffer`.
+"""
+from __future__ import annotations
+
+import abc
+from typing import List, Sequence
+
+import numpy as np
+
+from horovod.backends.reduce import scale_inplace, scaled_copy
+from horovod.common.types import ReduceOp
+
+
+class Backend(abc.ABC):
+    """A data plane over one group of ranks."""
+
+    name = "base"
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank = rank
+        self.size = size
+        self._fusion = np.empty(0, np.uint8)
+
+    # ------------------------------------------------------------------ allreduce
+    def allreduce(self, inputs: List[np.ndarray], outputs: List[np.ndarray], op: ReduceOp,
+                  prescale: float = 1.0, postscale: float = 1.0) -> None:
+        """Reduce each ``inputs[i]`` across ranks into ``outputs[i]`` (which may alias it), scaled as asked."""
+        if len(inputs) == 1:
+            buf = outputs[0]
+            scaled_copy(buf, inputs[0], prescale)
+            self.allreduce_buffer(buf, op)
+            scale_inplace(buf, postscale)
+            return
+        buf = self.fusion_buffer(sum(a.size for a in inputs), inputs[0].dtype)
+        offset = 0
+        for a in inputs:
+            scaled_copy(buf[offset:offset + a.size], a, prescale)
+            offset += a.size
+        self.allreduce_buffer(buf, op)
+        offset = 0
+        for out in outputs:
+            scaled_copy(out, buf[offset:offset + out.size], postscale)
+            offset += out.size
+
+    def fusion_buffer(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable scratch buffer of ``count`` elements (grown on demand, never shrunk)."""
+        nbytes = count * np.dtype(dtype).itemsize
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(max(nbytes, 2 * self._fusion.nbytes), np.uint8)
+        return self._fusion[:nbytes].view(dtype)
+
+    @abc.abstractmethod
+    def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """Reduce ``buf`` across ranks in place; every rank ends with bitwise-identical results."""
+
+    # ------------------------------------------------------------- other collectives
+    @abc.abstractmethod
+    def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        """Concatenate every rank's ``inp`` (``counts[r]`` elements from rank r) into ``out``, in rank order."""
+
+    @abc.abstractmethod
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        """Copy ``root``'s ``buf`` into every rank's ``buf``."""
+
+    @abc.abstractmethod
+    def alltoallv(self, inp: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+                  recv_counts: Sequence[int]) -> None:
+        """Send ``send_counts[j]`` consecutive elements to rank j; receive ``recv_counts[i]`` from rank i."""
+
+    @abc.abstractmethod
+    def reducescatter(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int], op: ReduceOp) -> None:
+        """Reduce ``inp`` across ranks and keep this rank's block (``counts[rank]`` elements) in ``out``."""
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Return once every rank of the group has called it."""
+
+    def close(self) -> None:
+        """Release sockets and shared memory."""
+        return None
+
+
+def offsets(counts: Sequence[int]) -> List[int]:
+    """Exclusive prefix sums: where block i starts."""
+    out, total = [], 0
+    for c in counts:
+        out.append(total)
+        total += c
+    return out

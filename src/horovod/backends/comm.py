@@ -1,0 +1,153 @@
+"""Point-to-point messaging over the authenticated peer mesh, and the group views that algorithms use.
+
+A :class:`Comm` is an ordered group of ranks (the whole job, the ranks on this host, or one rank per host) with a
+connected socket to each member. Sends and receives go straight between the caller's numpy buffers and the
+kernel (``sendall``/``recv_into`` on memoryviews, no intermediate copies, GIL released). Any socket failure
+becomes :class:`PeerLostError` naming the global rank and host that went away.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from concurrent.futures import Future
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from horovod.common import wire
+
+# Messages up to this size are sent before receiving without a helper thread: the kernel socket buffers
+# (which data sockets enlarge) absorb them, so two peers that both send first cannot deadlock.
+INLINE_SEND_BYTES = 64 * 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class PeerLostError(ConnectionError):
+    """A peer's connection failed while an operation needed it."""
+
+    def __init__(self, global_rank: int, host: str, detail: str) -> None:
+        super().__init__(
+            f"Rank {global_rank} (host {host}) closed its connection unexpectedly ({detail}): it exited, crashed "
+            "or was killed. See that rank's output for the root cause."
+        )
+        self.global_rank = global_rank
+        self.host = host
+
+
+def as_bytes(arr: np.ndarray) -> memoryview:
+    """A flat byte view of a contiguous array (no copy)."""
+    return memoryview(arr.reshape(-1).view(np.uint8))
+
+
+def enlarge_buffers(sock: socket.socket) -> None:
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
+        except OSError:
+            pass
+
+
+class _Sender:
+    """One background thread that performs large sends while the caller receives (full-duplex exchange)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job = None
+        self._thread: Optional[threading.Thread] = None
+
+    def submit(self, sock: socket.socket, view: memoryview) -> Future:
+        future: Future = Future()
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="horovod-sender", daemon=True)
+                self._thread.start()
+            self._job = (sock, view, future)
+            self._cond.notify()
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None:
+                    self._cond.wait()
+                job, self._job = self._job, None
+            if job is StopIteration:
+                return
+            sock, view, future = job
+            try:
+                sock.sendall(view)
+                future.set_result(None)
+            except BaseException as exc:  # handed to the waiting caller
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                self._job = StopIteration
+                self._cond.notify()
+
+
+class Comm:
+    """A group of ranks with a socket to each member; ``rank``/``size`` are positions within the group."""
+
+    def __init__(self, rank: int, global_ranks: Sequence[int], socks: Sequence[Optional[socket.socket]],
+                 hosts: Sequence[str], sender: Optional[_Sender] = None) -> None:
+        self.rank = rank
+        self.size = len(global_ranks)
+        self.global_ranks = list(global_ranks)
+        self.socks = list(socks)
+        self.hosts = list(hosts)
+        self._sender = sender or _Sender()
+
+    def sub(self, members: Sequence[int]) -> Comm:
+        """The sub-group made of group positions ``members`` (this rank must be one of them)."""
+        members = list(members)
+        return Comm(members.index(self.rank), [self.global_ranks[m] for m in members],
+                    [self.socks[m] for m in members], [self.hosts[m] for m in members], self._sender)
+
+    def _lost(self, peer: int, exc: BaseException) -> PeerLostError:
+        return PeerLostError(self.global_ranks[peer], self.hosts[peer], str(exc) or type(exc).__name__)
+
+    def send(self, peer: int, data) -> None:
+        try:
+            self.socks[peer].sendall(data)
+        except OSError as exc:
+            raise self._lost(peer, exc) from None
+
+    def recv_into(self, peer: int, view: memoryview) -> None:
+        try:
+            wire.recv_into_exact(self.socks[peer], view)
+        except (OSError, wire.PeerClosedError) as exc:
+            raise self._lost(peer, exc) from None
+
+    def sendrecv(self, dst: int, send_view: memoryview, src: int, recv_view: memoryview) -> None:
+        """Send to ``dst`` while receiving from ``src``; safe for any sizes."""
+        if len(send_view) <= INLINE_SEND_BYTES:
+            self.send(dst, send_view)
+            self.recv_into(src, recv_view)
+            return
+        future = self._sender.submit(self.socks[dst], send_view)
+        try:
+            self.recv_into(src, recv_view)
+        finally:
+            try:
+                future.result()
+            except OSError as exc:
+                raise self._lost(dst, exc) from None
+
+    def barrier(self) -> None:
+        """Dissemination barrier: ceil(log2(size)) rounds of one-byte exchanges."""
+        token = bytearray(1)
+        view = memoryview(token)
+        step = 1
+        while step < self.size:
+            self.send((self.rank + step) % self.size, b"\0")
+            self.recv_into((self.rank - step) % self.size, view)
+            step <<= 1
+
+    def close(self) -> None:
+        self._sender.close()
+
+
+def flat_views(arrays: List[np.ndarray]) -> List[memoryview]:
+    return [as_bytes(a) for a in arrays]

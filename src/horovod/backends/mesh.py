@@ -1,0 +1,174 @@
+"""Bootstrapping the job's sockets: every rank publishes its listening addresses through the rendezvous
+store, then connects to every lower rank and accepts every higher one.
+
+Ranks on the same host talk over abstract Unix sockets (no files, and about 15 µs round trips), ranks on
+different hosts over TCP. Every connection is authenticated with the job's secret before either side reads a
+byte of payload. Besides one data socket per pair, every worker opens a control socket to rank 0, the
+coordinator, for negotiation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import selectors
+import socket
+import threading
+import time
+from typing import Dict, List, Optional
+
+import psutil
+
+from horovod.backends.comm import enlarge_buffers
+from horovod.common import wire
+from horovod.common.kvstore import KVStoreClient
+from horovod.common.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Mesh:
+    """The connected sockets of one process, indexed by global rank."""
+
+    rank: int
+    size: int
+    hosts: List[str]
+    data: List[Optional[socket.socket]]
+    control: Dict[int, socket.socket]       # rank 0: worker rank -> socket; a worker: {0: socket}
+    listeners: List[socket.socket]
+
+    def close(self) -> None:
+        for sock in list(self.data) + list(self.control.values()) + self.listeners:
+            if sock is not None:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+
+def _iface_address(iface: str) -> str:
+    for addr in psutil.net_if_addrs().get(iface, []):
+        if addr.family == socket.AF_INET:
+            return addr.address
+    raise ValueError(f"HOROVOD_GLOO_IFACE={iface!r} has no IPv4 address on this host; "
+                     f"interfaces here: {', '.join(sorted(psutil.net_if_addrs()))}.")
+
+
+def _connect(info: dict, same_host: bool, key: bytes, hello: bytes, deadline: float) -> socket.socket:
+    last: Optional[Exception] = None
+    while True:
+        try:
+            if same_host:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                enlarge_buffers(sock)
+                sock.settimeout(max(0.1, deadline - time.monotonic()))
+                sock.connect(info["uds"])
+            else:
+                sock = socket.create_connection((info["addr"], info["port"]),
+                                                timeout=max(0.1, deadline - time.monotonic()))
+                enlarge_buffers(sock)
+            wire.tune_socket(sock)
+            wire.connect_handshake(sock, key, hello, timeout=max(0.1, deadline - time.monotonic()))
+            return sock
+        except wire.AuthenticationError:
+            raise
+        except OSError as exc:
+            last = exc
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"could not connect to {info['host']}:{info['port']} ({last})") from exc
+            time.sleep(0.05)
+
+
+def build_mesh(topo: Topology, key: bytes, kv: KVStoreClient, generation: int, timeout: float) -> Mesh:
+    """Connect this rank to every other rank of the job (called by every rank at init)."""
+    import horovod.common.config as config
+
+    deadline = time.monotonic() + timeout
+    rank, size = topo.rank, topo.size
+    job = wire.secret_fingerprint(key)
+    iface = config.get("HOROVOD_GLOO_IFACE")
+    bind_addr = _iface_address(iface) if iface else kv._sock.getsockname()[0]
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind((bind_addr, 0))
+    tcp.listen(2 * size + 8)
+    uds_name = f"\0horovod-{job}-{generation}-{topo.hostname}-{rank}"
+    uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    enlarge_buffers(uds)
+    uds.bind(uds_name)
+    uds.listen(2 * size + 8)
+    listeners = [tcp, uds]
+    scope = f"mesh.{generation}"
+    me = {"host": topo.hostname, "addr": bind_addr, "port": tcp.getsockname()[1], "uds": uds_name, "rank": rank}
+    kv.put(scope, str(rank), wire.pack(me))
+    try:
+        infos = [wire.unpack(v) for v in kv.wait(scope, [str(r) for r in range(size)],
+                                                 max(0.1, deadline - time.monotonic()))]
+    except TimeoutError:
+        present = kv.items(scope)
+        missing = [r for r in range(size) if str(r) not in present]
+        raise TimeoutError(
+            f"Rank(s) {', '.join(map(str, missing))} did not reach the rendezvous within {timeout:.0f}s. "
+            "Check that they started (see their output), or raise --start-timeout / HOROVOD_START_TIMEOUT."
+        ) from None
+    hosts = [i["host"] for i in infos]
+    data: List[Optional[socket.socket]] = [None] * size
+    control: Dict[int, socket.socket] = {}
+    expected = (size - 1 - rank) + (size - 1 if rank == 0 else 0)
+    errors: List[BaseException] = []
+
+    def accept_all() -> None:
+        selector = selectors.DefaultSelector()
+        for listener in listeners:
+            selector.register(listener, selectors.EVENT_READ)
+        got = 0
+        try:
+            while got < expected:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError("timed out waiting for peers to connect")
+                for ready, _ in selector.select(min(remaining, 0.5)):
+                    conn, _addr = ready.fileobj.accept()
+                    try:
+                        enlarge_buffers(conn)
+                        wire.tune_socket(conn)
+                        hello = wire.unpack(wire.accept_handshake(conn, key, timeout=5.0))
+                        purpose, peer, gen = hello
+                        if gen != generation or not (0 <= peer < size):
+                            raise wire.AuthenticationError(f"unexpected hello {hello!r}")
+                    except (OSError, wire.AuthenticationError, ValueError, TypeError) as exc:
+                        log.warning("rank %d: rejected a connection: %s", rank, exc)
+                        conn.close()
+                        continue
+                    conn.settimeout(None)
+                    if purpose == "ctrl":
+                        control[peer] = conn
+                    else:
+                        data[peer] = conn
+                    got += 1
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            selector.close()
+
+    acceptor = threading.Thread(target=accept_all, name="horovod-accept", daemon=True)
+    acceptor.start()
+    try:
+        for peer in range(rank):
+            data[peer] = _connect(infos[peer], hosts[peer] == topo.hostname, key,
+                                  wire.pack(["data", rank, generation]), deadline)
+        if rank != 0:
+            control[0] = _connect(infos[0], hosts[0] == topo.hostname, key,
+                                  wire.pack(["ctrl", rank, generation]), deadline)
+    finally:
+        acceptor.join(max(0.1, deadline - time.monotonic()) + 1.0)
+    if errors or acceptor.is_alive():
+        missing = [p for p in range(rank + 1, size) if data[p] is None]
+        raise TimeoutError(f"Rank(s) {missing} did not connect to rank {rank} within {timeout:.0f}s "
+                           f"({errors[0] if errors else 'timeout'}).")
+    for sock in data:
+        if sock is not None:
+            sock.setblocking(True)
+    for sock in control.values():
+        sock.setblocking(True)
+    return Mesh(rank, size, hosts, data, control, listeners)

@@ -1,0 +1,246 @@
+"""The shared-memory data plane: ranks on one host exchange data through one mapped segment.
+
+Each local rank owns a slot of ``chunk`` bytes, and the segment has one more ``chunk``-byte result area.
+Collectives run as a pipeline over chunks that stay cache-resident: every rank copies its piece into its
+slot, applying prescale during that copy (this copy is the fusion: tensors go straight from their own memory
+into shared memory, with no separate fusion buffer). A barrier follows. Each rank then reduces its own
+segment of the chunk across all slots, in rank order, so every element is reduced exactly once and all
+ranks see identical bits. After another barrier, every rank copies the result out, applying postscale.
+Barriers are one-byte socket exchanges between local ranks, so waiting releases the GIL instead of
+spinning.
+
+The segment lives in /dev/shm and is unlinked as soon as every local rank has mapped it, so nothing is left
+behind even if a rank is killed.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from typing import List, Sequence
+
+import numpy as np
+
+from horovod.backends.base import Backend, offsets
+from horovod.backends.comm import Comm
+from horovod.backends.reduce import combine, reduce_into, scaled_copy
+from horovod.common.types import ReduceOp
+
+ALIGN = 64
+
+
+def _align_down(n: int, unit: int) -> int:
+    return max(unit, n - n % unit)
+
+
+class ShmSegment:
+    """One shared mapping for the ranks of a :class:`Comm` that all live on this host."""
+
+    def __init__(self, comm: Comm, tag: str, chunk_bytes: int) -> None:
+        self.comm = comm
+        self.chunk = _align_down(chunk_bytes, ALIGN * max(1, comm.size))
+        self.nbytes = self.chunk * (comm.size + 1)
+        path = f"/dev/shm/horovod-{tag}"
+        if comm.rank == 0:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            try:
+                os.ftruncate(fd, self.nbytes)
+            except OSError:
+                os.close(fd)
+                os.unlink(path)
+                raise
+        comm.barrier()
+        if comm.rank != 0:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, self.nbytes)
+        finally:
+            os.close(fd)
+        comm.barrier()
+        if comm.rank == 0:
+            os.unlink(path)
+        self.raw = np.frombuffer(self._map, np.uint8)
+
+    def slot(self, rank: int, dtype) -> np.ndarray:
+        return self.raw[rank * self.chunk:(rank + 1) * self.chunk].view(dtype)
+
+    def result(self, dtype) -> np.ndarray:
+        return self.raw[self.comm.size * self.chunk:].view(dtype)
+
+    def close(self) -> None:
+        self.raw = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a view is still referenced; the mapping goes with the process
+
+
+def _segment(n: int, parts: int, index: int, itemsize: int):
+    """[lo, hi) of block ``index`` when ``n`` elements split into ``parts`` cache-line aligned blocks."""
+    unit = max(1, ALIGN // itemsize)
+    per = -(-n // parts)
+    per = -(-per // unit) * unit
+    lo = min(n, index * per)
+    return lo, min(n, lo + per)
+
+
+def _copy_from_list(arrays: List[np.ndarray], start: int, dst: np.ndarray, factor: float) -> None:
+    """Fill ``dst`` with elements [start, start+len(dst)) of the concatenation of ``arrays``."""
+    pos, need, written = 0, dst.size, 0
+    for a in arrays:
+        end = pos + a.size
+        if end > start and written < need:
+            lo = max(start, pos) - pos
+            take = min(a.size - lo, need - written)
+            scaled_copy(dst[written:written + take], a[lo:lo + take], factor)
+            written += take
+        pos = end
+        if written >= need:
+            return
+
+
+def _copy_to_list(src: np.ndarray, arrays: List[np.ndarray], start: int, factor: float) -> None:
+    """Write ``src`` into elements [start, start+len(src)) of the concatenation of ``arrays``."""
+    pos, need, done = 0, src.size, 0
+    for a in arrays:
+        end = pos + a.size
+        if end > start and done < need:
+            lo = max(start, pos) - pos
+            take = min(a.size - lo, need - done)
+            scaled_copy(a[lo:lo + take], src[done:done + take], factor)
+            done += take
+        pos = end
+        if done >= need:
+            return
+
+
+class ShmBackend(Backend):
+    """Collectives for ranks that share a host."""
+
+    name = "shm"
+
+    def __init__(self, comm: Comm, tag: str, chunk_bytes: int) -> None:
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self.seg = ShmSegment(comm, tag, chunk_bytes)
+
+    def _reduce_segment(self, lo: int, hi: int, dtype, op: ReduceOp, dst: np.ndarray) -> None:
+        seg = self.seg
+        if self.size == 1:
+            np.copyto(dst, seg.slot(0, dtype)[lo:hi])
+            return
+        combine(dst, seg.slot(0, dtype)[lo:hi], seg.slot(1, dtype)[lo:hi], op)
+        for r in range(2, self.size):
+            reduce_into(dst, seg.slot(r, dtype)[lo:hi], op)
+
+    # ------------------------------------------------------------------ allreduce
+    def allreduce(self, inputs: List[np.ndarray], outputs: List[np.ndarray], op: ReduceOp,
+                  prescale: float = 1.0, postscale: float = 1.0) -> None:
+        dtype = inputs[0].dtype
+        total = sum(a.size for a in inputs)
+        per_chunk = self.seg.chunk // dtype.itemsize
+        mine = self.seg.slot(self.rank, dtype)
+        result = self.seg.result(dtype)
+        barrier = self.comm.barrier
+        for base in range(0, total, per_chunk):
+            n = min(per_chunk, total - base)
+            if len(inputs) == 1:
+                scaled_copy(mine[:n], inputs[0][base:base + n], prescale)
+            else:
+                _copy_from_list(inputs, base, mine[:n], prescale)
+            barrier()
+            lo, hi = _segment(n, self.size, self.rank, dtype.itemsize)
+            if hi > lo:
+                self._reduce_segment(lo, hi, dtype, op, result[lo:hi])
+            barrier()
+            if len(outputs) == 1:
+                scaled_copy(outputs[0][base:base + n], result[:n], postscale)
+            else:
+                _copy_to_list(result[:n], outputs, base, postscale)
+
+    def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
+        self.allreduce([buf], [buf], op)
+
+    # ------------------------------------------------------------- other collectives
+    def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
+        dtype = inp.dtype
+        per = self.seg.chunk // dtype.itemsize
+        starts = offsets(counts)
+        mine = self.seg.slot(self.rank, dtype)
+        for base in range(0, max(counts), per):
+            k = max(0, min(per, counts[self.rank] - base))
+            if k:
+                np.copyto(mine[:k], inp[base:base + k])
+            self.comm.barrier()
+            for r in range(self.size):
+                kr = max(0, min(per, counts[r] - base))
+                if kr:
+                    np.copyto(out[starts[r] + base:starts[r] + base + kr], self.seg.slot(r, dtype)[:kr])
+            self.comm.barrier()
+
+    def broadcast(self, buf: np.ndarray, root: int) -> None:
+        if self.size == 1:
+            return
+        dtype = buf.dtype
+        per = self.seg.chunk // dtype.itemsize
+        slot = self.seg.slot(root, dtype)
+        for base in range(0, buf.size, per):
+            n = min(per, buf.size - base)
+            if self.rank == root:
+                np.copyto(slot[:n], buf[base:base + n])
+            self.comm.barrier()
+            if self.rank != root:
+                np.copyto(buf[base:base + n], slot[:n])
+            self.comm.barrier()
+
+    def _region(self, owner: int, dest: int, dtype) -> np.ndarray:
+        per = (self.seg.chunk // self.size) // ALIGN * ALIGN // np.dtype(dtype).itemsize
+        return self.seg.slot(owner, dtype)[dest * per:(dest + 1) * per]
+
+    def alltoallv(self, inp: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
+                  recv_counts: Sequence[int], max_count: int = 0) -> None:
+        dtype = inp.dtype
+        per = self._region(0, 0, dtype).size
+        if per == 0:
+            raise ValueError("HOROVOD_SHM_CHUNK_BYTES is too small for this many local ranks")
+        sstarts, rstarts = offsets(send_counts), offsets(recv_counts)
+        for base in range(0, max(max_count, 1), per):
+            for dst in range(self.size):
+                k = max(0, min(per, send_counts[dst] - base))
+                if k:
+                    np.copyto(self._region(self.rank, dst, dtype)[:k],
+                              inp[sstarts[dst] + base:sstarts[dst] + base + k])
+            self.comm.barrier()
+            for src in range(self.size):
+                k = max(0, min(per, recv_counts[src] - base))
+                if k:
+                    np.copyto(out[rstarts[src] + base:rstarts[src] + base + k],
+                              self._region(src, self.rank, dtype)[:k])
+            self.comm.barrier()
+
+    def reducescatter(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int], op: ReduceOp) -> None:
+        dtype = inp.dtype
+        per = self._region(0, 0, dtype).size
+        starts = offsets(counts)
+        for base in range(0, max(counts), per):
+            for dst in range(self.size):
+                k = max(0, min(per, counts[dst] - base))
+                if k:
+                    np.copyto(self._region(self.rank, dst, dtype)[:k], inp[starts[dst] + base:starts[dst] + base + k])
+            self.comm.barrier()
+            k = max(0, min(per, counts[self.rank] - base))
+            if k:
+                dst = out[base:base + k]
+                if self.size == 1:
+                    np.copyto(dst, self._region(0, 0, dtype)[:k])
+                else:
+                    combine(dst, self._region(0, self.rank, dtype)[:k], self._region(1, self.rank, dtype)[:k], op)
+                    for r in range(2, self.size):
+                        reduce_into(dst, self._region(r, self.rank, dtype)[:k], op)
+            self.comm.barrier()
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+
+    def close(self) -> None:
+        self.seg.close()
+        self.comm.close()

@@ -1,0 +1,1 @@
+"""Framework-independent core: basics, op layer, engine, negotiation."""

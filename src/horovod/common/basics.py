@@ -1,0 +1,258 @@
+"""Process-wide state: ``init``/``shutdown``, who am I, and what this build can do.
+
+``init()`` detects the topology, rendezvouses with the other ranks through the launcher's authenticated store,
+connects the peer mesh, chooses the data plane and starts the engine thread. It is idempotent, and a new
+``init()`` after ``shutdown()`` builds everything afresh. Without a launcher it gives rank 0 of a job of
+size 1.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import threading
+from typing import Optional, Sequence
+
+from horovod.common import config, logging_setup, topology, wire
+from horovod.common.engine import Engine
+from horovod.common.exceptions import not_initialized
+from horovod.common.fusion import aligned_threshold
+from horovod.common.process_sets import ProcessSet, global_process_set
+
+log = logging.getLogger("horovod.basics")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.topo: Optional[topology.Topology] = None
+        self.engine: Optional[Engine] = None
+        self.backend_reason = ""
+        self.backend_name = ""
+        self.generation = 0
+        self.atexit_registered = False
+        self.on_shutdown = []
+
+
+_state = _State()
+
+
+def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+    """Start Horovod in this process (a repeated call is a no-op).
+
+    ``comm`` (an mpi4py communicator or a list of ranks) needs the MPI integration and raises
+    NotImplementedError until then; ``process_sets`` other than the global set likewise.
+    """
+    with _state.lock:
+        if _state.engine is not None and _state.engine.alive:
+            return
+        if _state.engine is not None:       # it died (peer lost): clean up before starting again
+            shutdown()
+        if comm is not None:
+            raise NotImplementedError("hvd.init(comm=...) needs the MPI integration, which is not in this release "
+                                      "yet; call hvd.init() and launch with horovodrun.")
+        if process_sets == "dynamic":
+            raise NotImplementedError("Dynamic process sets are not available in this release yet.")
+        if process_sets:
+            raise NotImplementedError("Process sets other than the global one are not available in this release yet.")
+        try:
+            topo = topology.detect()
+        except ValueError as exc:
+            raise ValueError(f"Horovod initialization failed: {exc}") from exc
+        logging_setup.configure(topo.rank)
+        generation = _state.generation
+        try:
+            engine, reason, name = _start(topo, generation)
+        except Exception as exc:
+            raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") from exc
+        _state.generation += 1
+        _state.topo = topo
+        _state.engine = engine
+        _state.backend_reason = reason
+        _state.backend_name = name
+        global_process_set.ranks = list(range(topo.size))
+        global_process_set.process_set_id = 0
+        if not _state.atexit_registered:
+            atexit.register(shutdown)
+            _state.atexit_registered = True
+        log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, data plane: %s", topo.rank, topo.size,
+                 topo.local_rank, topo.local_size, topo.hostname, reason)
+
+
+def _start(topo: topology.Topology, generation: int):
+    from horovod.backends.local import LocalBackend
+
+    threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
+    knobs = dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
+                 cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
+                 disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"))
+    if topo.size == 1:
+        backend = LocalBackend()
+        return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), \
+            "local (a single rank)", backend.name
+    from horovod.backends.factory import make_backend
+    from horovod.backends.mesh import build_mesh
+    from horovod.common.kvstore import KVStoreClient
+
+    key = wire.secret_from_env()
+    addr = config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = config.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if key is None or not addr or not port:
+        raise RuntimeError(
+            f"the {topo.source} environment says this job has {topo.size} ranks, but there is no Horovod "
+            "rendezvous to connect them (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT and the job secret are unset). "
+            "Launch the job with `horovodrun -np N python script.py`."
+        )
+    timeout = config.get("HOROVOD_START_TIMEOUT")
+    kv = KVStoreClient(addr, port, key, timeout=timeout)
+    try:
+        mesh = build_mesh(topo, key, kv, generation, timeout)
+    finally:
+        kv.close()
+    try:
+        backend, reason = make_backend(mesh, wire.secret_fingerprint(key), generation)
+    except BaseException:
+        mesh.close()
+        raise
+
+    def close() -> None:
+        backend.close()
+        mesh.close()
+
+    engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, **knobs).start()
+    return engine, reason, backend.name
+
+
+def shutdown() -> None:
+    """Stop the engine and close every connection; pending operations fail with the shutdown error."""
+    with _state.lock:
+        engine, _state.engine = _state.engine, None
+        if engine is None:
+            return
+        for callback in list(_state.on_shutdown):
+            try:
+                callback()
+            except Exception:
+                log.debug("shutdown callback failed", exc_info=True)
+        engine.shutdown()
+        global_process_set.process_set_id = 0
+
+
+def is_initialized() -> bool:
+    """True between a successful ``init()`` and ``shutdown()``."""
+    return _state.engine is not None
+
+
+def engine() -> Engine:
+    """The running engine; the upstream ValueError when Horovod is not initialized."""
+    current = _state.engine
+    if current is None:
+        raise not_initialized()
+    return current
+
+
+def _topo() -> topology.Topology:
+    if _state.engine is None or _state.topo is None:
+        raise not_initialized()
+    return _state.topo
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return _topo().size
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return _topo().rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return _topo().local_size
+
+
+def local_rank() -> int:
+    """This process's rank within its host."""
+    return _topo().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts that have a process with this local rank."""
+    return _topo().cross_size
+
+
+def cross_rank() -> int:
+    """Index of this host among the hosts with this local rank."""
+    return _topo().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """True when every host runs the same number of processes."""
+    topo = _topo()
+    return topo.size % topo.local_size == 0 and topo.cross_size * topo.local_size == topo.size
+
+
+def data_plane() -> str:
+    """Which data plane this job uses and why (shown by --check-build and logged at INFO)."""
+    _topo()
+    return _state.backend_reason
+
+
+def add_shutdown_callback(callback) -> None:
+    """Run ``callback`` at the start of every ``shutdown()`` (bindings use it to drop their handle maps)."""
+    _state.on_shutdown.append(callback)
+
+
+# ------------------------------------------------------------------ build probes
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def mpi_built() -> bool:
+    """False: the MPI data plane is not in this release (mpi4py alone is not used yet)."""
+    return False
+
+
+def mpi_enabled() -> bool:
+    """True when the running job uses MPI (never, in this release)."""
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    """Upstream raises when MPI is not enabled; so do we."""
+    raise ValueError("Horovod MPI is not enabled in this job; mpi_threads_supported() needs the MPI data plane.")
+
+
+def gloo_built() -> bool:
+    """True: the built-in controller and data plane take Gloo's role."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """True when the built-in controller runs this job."""
+    return is_initialized()
+
+
+def nccl_built() -> int:
+    """The NCCL version (as upstream's integer) when a CUDA build of torch with NCCL is importable, else 0."""
+    return 0
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return False
+
+
+def rocm_built() -> bool:
+    return False

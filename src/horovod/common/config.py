@@ -1,0 +1,124 @@
+"""Every ``HOROVOD_*`` knob, declared once with its type, default and meaning.
+
+Read a knob through :func:`get` (``config.get("HOROVOD_CYCLE_TIME")``); nothing else in the package parses
+these variables. Defaults follow upstream Horovod; knobs this project adds are marked ``ours``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One environment variable: how to parse it and what it defaults to."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    ours: bool = False
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on", "y", "t"):
+        return True
+    if value in ("0", "false", "no", "off", "n", "f", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _upper(text: str) -> str:
+    return text.strip().upper()
+
+
+def _str(text: str) -> str:
+    return text
+
+
+_KNOBS = [
+    # Tunables.
+    Knob("HOROVOD_FUSION_THRESHOLD", int, 128 * 1024 * 1024, "Tensor Fusion buffer bytes; 0 disables fusion."),
+    Knob("HOROVOD_CYCLE_TIME", float, 1.0, "Milliseconds between negotiation cycles while ops keep arriving."),
+    Knob("HOROVOD_CACHE_CAPACITY", int, 1024, "Response cache entries; 0 disables the cache."),
+    Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", _bool, False, "Hierarchical allreduce (shm in host, tcp across)."),
+    Knob("HOROVOD_HIERARCHICAL_ALLGATHER", _bool, False, "Hierarchical allgather (multi-host)."),
+    Knob("HOROVOD_TORUS_ALLREDUCE", _bool, False, "2D torus allreduce (NCCL only; accepted, no effect on CPU)."),
+    Knob("HOROVOD_DISABLE_GROUP_FUSION", _bool, False, "Fuse each group separately from the others."),
+    # Autotune (issue: see and tune).
+    Knob("HOROVOD_AUTOTUNE", _bool, False, "Bayesian autotuning of fusion threshold and cycle time."),
+    Knob("HOROVOD_AUTOTUNE_LOG", _str, "", "CSV log of autotune samples, written by rank 0."),
+    Knob("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", int, 3, "Autotune samples discarded at the start."),
+    Knob("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", int, 10, "Steps per autotune sample."),
+    Knob("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", int, 20, "Maximum Bayesian optimisation samples."),
+    Knob("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", float, 0.8, "Gaussian process noise alpha in [0, 1]."),
+    # Timeline and stall inspector.
+    Knob("HOROVOD_TIMELINE", _str, "", "Timeline file written by rank 0, or DYNAMIC."),
+    Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "Write CYCLE_START markers into the timeline."),
+    Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "Disable the stall inspector."),
+    Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn about tensors stalled this long."),
+    Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Shut down when stalled this long (0 = never)."),
+    # Library options.
+    Knob("HOROVOD_MPI_THREADS_DISABLE", _bool, False, "Initialise MPI with MPI_THREAD_SINGLE."),
+    Knob("HOROVOD_NUM_NCCL_STREAMS", int, 1, "NCCL streams per device."),
+    Knob("HOROVOD_THREAD_AFFINITY", _str, "", "Comma-separated core ids, one per local rank, for the engine thread."),
+    Knob("HOROVOD_GLOO_TIMEOUT_SECONDS", float, 30.0, "Rendezvous and connection timeout."),
+    Knob("HOROVOD_GLOO_IFACE", _str, "", "Network interface for the tcp data plane."),
+    Knob("HOROVOD_GLOO_RENDEZVOUS_ADDR", _str, "", "Rendezvous server address (set by horovodrun)."),
+    Knob("HOROVOD_GLOO_RENDEZVOUS_PORT", int, 0, "Rendezvous server port (set by horovodrun)."),
+    Knob("HOROVOD_CONTROLLER", _upper, "", "MPI or GLOO; GLOO means this project's built-in controller."),
+    Knob("HOROVOD_CPU_OPERATIONS", _upper, "", "Data plane for CPU tensors: SHM, TCP, MPI (GLOO = built-in)."),
+    Knob("HOROVOD_ELASTIC", _bool, False, "Elastic mode."),
+    Knob("HOROVOD_DYNAMIC_PROCESS_SETS", _bool, False, "Allow add_process_set/remove_process_set."),
+    Knob("HOROVOD_ENABLE_ASYNC_COMPLETION", _bool, False, "Complete GPU ops asynchronously."),
+    Knob("HOROVOD_ENABLE_XLA_OPS", _bool, False, "TensorFlow XLA ops."),
+    Knob("HOROVOD_BATCH_D2D_MEMCOPIES", _bool, True, "Batched device-to-device copies (GPU)."),
+    Knob("HOROVOD_ADASUM_MPI_CHUNK_SIZE", int, 1 << 30, "Adasum MPI chunk bytes."),
+    Knob("HOROVOD_LOG_LEVEL", _upper, "WARNING", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL."),
+    Knob("HOROVOD_LOG_HIDE_TIME", _bool, False, "Omit timestamps from log records."),
+    Knob("HOROVOD_START_TIMEOUT", float, 30.0, "Seconds for all ranks to start and connect."),
+    Knob("HOROVOD_ELASTIC_TIMEOUT", float, 600.0, "Elastic: seconds to wait for enough slots."),
+    # Topology (set by horovodrun).
+    Knob("HOROVOD_RANK", int, -1, "Global rank of this process."),
+    Knob("HOROVOD_SIZE", int, -1, "Number of processes."),
+    Knob("HOROVOD_LOCAL_RANK", int, -1, "Rank within this host."),
+    Knob("HOROVOD_LOCAL_SIZE", int, -1, "Processes on this host."),
+    Knob("HOROVOD_CROSS_RANK", int, -1, "Index of this host among hosts with this local rank."),
+    Knob("HOROVOD_CROSS_SIZE", int, -1, "Hosts that have this local rank."),
+    Knob("HOROVOD_HOSTNAME", _str, "", "Host identity used to group local ranks."),
+    # Ours.
+    Knob("HOROVOD_SHM_CHUNK_BYTES", int, 4 * 1024 * 1024,
+         "Bytes per rank per pipeline step of the shared-memory data plane.", ours=True),
+    Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
+         "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
+         ours=True),
+    Knob("HOROVOD_PEER_TIMEOUT_SECONDS", float, 5.0,
+         "A peer silent this long while an op waits on it (and whose host stops answering) is declared dead.",
+         ours=True),
+]
+
+KNOBS = {k.name: k for k in _KNOBS}
+
+
+def get(name: str) -> Any:
+    """Return the typed value of knob ``name`` from the environment, or its default.
+
+    Raises ValueError naming the variable when its value does not parse.
+    """
+    knob = KNOBS[name]
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return knob.default
+    try:
+        return knob.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"Invalid value for {name}={raw!r}: {exc}. {knob.doc}") from None
+
+
+def is_set(name: str) -> bool:
+    """True when the user set ``name`` explicitly (autotune leaves such knobs alone)."""
+    if name not in KNOBS:
+        raise KeyError(name)
+    return os.environ.get(name, "") != ""

@@ -1,0 +1,251 @@
+"""The coordinator's negotiation: which named tensors every rank has submitted, and do they agree.
+
+Rank 0 of the process set runs a :class:`Coordinator`. Workers forward their requests to it; it records them
+per tensor name, and once every rank that has not joined has submitted a name, it checks that the submissions
+agree and turns them into one :class:`TensorResponse` (or an error that names the tensor, the ranks and the
+values that differ). :meth:`Coordinator.take_ready` returns the ready work in a deterministic order, already
+planned into fused batches and encoded for the wire.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Dict, List, Optional, Set, Tuple
+
+from horovod.common import fusion
+from horovod.common.messages import (
+    BATCH,
+    ERROR,
+    JOIN,
+    R_DTYPE,
+    R_GROUP,
+    R_GROUP_SIZE,
+    R_OP,
+    R_POST,
+    R_PRE,
+    R_ROOT,
+    R_SHAPE,
+    R_SPLITS,
+    R_TYPE,
+    TensorResponse,
+)
+from horovod.common.response_cache import ResponseCache
+from horovod.common.types import DataType, ReduceOp, RequestType
+
+_OP_NAMES = {int(v): v.name for v in RequestType}
+_DTYPE_NAMES = {int(v): v.name.lower() for v in DataType}
+_REDUCE_NAMES = {int(v): v.name.capitalize() for v in ReduceOp}
+_NOT_WITH_JOIN = {
+    RequestType.ALLGATHER: "Allgather",
+    RequestType.BROADCAST: "Broadcast",
+    RequestType.ALLTOALL: "Alltoall",
+    RequestType.REDUCESCATTER: "Reducescatter",
+}
+
+
+def _ranks_text(by_value: Dict) -> str:
+    parts = []
+    for value, ranks in by_value.items():
+        label = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"{label} {', '.join(str(r) for r in ranks)} sent {value}")
+    return "; ".join(parts)
+
+
+def _disagreement(requests: Dict[int, list], key) -> Optional[str]:
+    """``None`` if ``key(request)`` is equal on every rank, else 'rank 0 sent X; rank 1 sent Y'."""
+    by_value: Dict = OrderedDict()
+    for rank in sorted(requests):
+        value = key(requests[rank])
+        by_value.setdefault(str(value) if isinstance(value, list) else value, []).append(rank)
+    return None if len(by_value) == 1 else _ranks_text(by_value)
+
+
+class _Pending:
+    __slots__ = ("requests", "first_seen")
+
+    def __init__(self) -> None:
+        self.requests: Dict[int, list] = {}
+        self.first_seen = time.monotonic()
+
+
+class Coordinator:
+    """Negotiation state of one process set, kept on its rank 0."""
+
+    def __init__(self, size: int, cache: ResponseCache, fusion_threshold: int,
+                 disable_group_fusion: bool = False) -> None:
+        self.size = size
+        self.cache = cache
+        self.fusion_threshold = fusion_threshold
+        self.disable_group_fusion = disable_group_fusion
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+        self._ready: OrderedDict[str, None] = OrderedDict()
+        self._group_ready: Dict[str, List[str]] = {}
+        self._joined: Set[int] = set()
+        self._last_joined = -1
+        self._join_done = False
+
+    # ----------------------------------------------------------------- intake
+    def add_request(self, rank: int, request: list) -> None:
+        """Record ``rank``'s request; JOIN marks the rank joined."""
+        if request[R_TYPE] == RequestType.JOIN:
+            self._joined.add(rank)
+            self._last_joined = rank
+            for name, entry in self._pending.items():
+                self._refresh(name, entry)
+            if len(self._joined) == self.size:
+                self._join_done = True
+            return
+        name = request[0]
+        entry = self._pending.get(name)
+        if entry is None:
+            entry = self._pending[name] = _Pending()
+        entry.requests[rank] = request
+        self._refresh(name, entry)
+
+    def _refresh(self, name: str, entry: _Pending) -> None:
+        if name in self._ready or not entry.requests:
+            return
+        if len(entry.requests) + len(self._joined.difference(entry.requests)) >= self.size:
+            self._ready[name] = None
+
+    @property
+    def joined(self) -> Set[int]:
+        return set(self._joined)
+
+    def pending_names(self) -> List[Tuple[str, float, List[int]]]:
+        """(name, first_seen, ranks that submitted) for tensors still waiting for some rank."""
+        return [(n, e.first_seen, sorted(e.requests)) for n, e in self._pending.items() if n not in self._ready]
+
+    def has_partial(self) -> bool:
+        """True while some tensor has been submitted by some ranks but not yet by all."""
+        return len(self._pending) > len(self._ready)
+
+    def has_ready(self) -> bool:
+        return bool(self._ready) or self._join_done
+
+    # ----------------------------------------------------------------- output
+    def take_ready(self) -> List[list]:
+        """Pop everything ready as a wire response list: validated, fused and cache-compressed.
+
+        Members of a group are held back until the whole group is ready, then planned together.
+        """
+        out: List[list] = []
+        responses: List[TensorResponse] = []
+        group_units: List[List[TensorResponse]] = []
+        cached: Set[str] = set()
+        cached_ids: Dict[str, int] = {}
+        for name in list(self._ready):
+            entry = self._pending[name]
+            request = next(iter(entry.requests.values()))
+            group = request[R_GROUP]
+            if group:
+                members = self._group_ready.setdefault(group, [])
+                if name not in members:
+                    members.append(name)
+                if len(members) < request[R_GROUP_SIZE]:
+                    continue
+                del self._group_ready[group]
+                names = members
+            else:
+                names = [name]
+            unit = responses if not group else []
+            for member in names:
+                del self._ready[member]
+                member_entry = self._pending.pop(member)
+                result = self._construct(member, member_entry.requests)
+                if isinstance(result, str):
+                    out.append([ERROR, [member], result])
+                    continue
+                unit.append(result)
+                cache_id = self.cache.lookup(member) if self.cache.enabled else None
+                if cache_id is not None and self._matches_cache(cache_id, member_entry.requests):
+                    cached.add(member)
+                    cached_ids[member] = cache_id
+            if group:
+                group_units.append(unit)
+        # Held group members stay pending, out of the ready order, until their group completes.
+        for members in self._group_ready.values():
+            for member in members:
+                self._ready.pop(member, None)
+        for batch in self._plan(responses, group_units):
+            out.append([BATCH, [cached_ids[r.name] if r.name in cached else r.to_wire() for r in batch]])
+        if self._join_done:
+            out.append([JOIN, self._last_joined])
+            self._join_done = False
+            self._joined.clear()
+        return out
+
+    def _plan(self, singles: List[TensorResponse],
+              group_units: List[List[TensorResponse]]) -> List[List[TensorResponse]]:
+        """Fused batches; with HOROVOD_DISABLE_GROUP_FUSION each group is fused only with itself."""
+        if not self.disable_group_fusion:
+            return fusion.plan(singles + [r for unit in group_units for r in unit], self.fusion_threshold)
+        batches = fusion.plan(singles, self.fusion_threshold)
+        for unit in group_units:
+            batches.extend(fusion.plan(unit, self.fusion_threshold))
+        return batches
+
+    def _matches_cache(self, cache_id: int, requests: Dict[int, list]) -> bool:
+        cached = self.cache.get(cache_id)
+        return len(requests) == self.size and all(cached.request_matches(r, q) for r, q in requests.items())
+
+    # ------------------------------------------------------------- validation
+    def _construct(self, name: str, requests: Dict[int, list]):
+        """Validate the ranks' requests for ``name``; a TensorResponse or an error message."""
+        first = requests[min(requests)]
+        diff = _disagreement(requests, lambda q: _OP_NAMES[q[R_TYPE]])
+        if diff:
+            return f"Mismatched operations for tensor '{name}': {diff.replace('sent', 'did an')}."
+        rtype = RequestType(first[R_TYPE])
+        op_name = rtype.name
+        diff = _disagreement(requests, lambda q: _DTYPE_NAMES[q[R_DTYPE]])
+        if diff:
+            return f"Mismatched data types for {op_name} of tensor '{name}': {diff}."
+        missing = sorted(set(range(self.size)) - set(requests))
+        if missing and rtype in _NOT_WITH_JOIN:
+            return (f"{_NOT_WITH_JOIN[rtype]} is not supported with Join at this time: rank(s) "
+                    f"{', '.join(map(str, missing))} joined before submitting tensor '{name}'. Make every rank "
+                    "run the same collectives before it calls hvd.join().")
+        if rtype in (RequestType.ALLREDUCE, RequestType.ADASUM, RequestType.BROADCAST, RequestType.REDUCESCATTER):
+            diff = _disagreement(requests, lambda q: list(q[R_SHAPE]))
+            if diff:
+                return f"Mismatched {op_name} tensor shapes for tensor '{name}': {diff}."
+        if rtype in (RequestType.ALLREDUCE, RequestType.REDUCESCATTER, RequestType.ADASUM):
+            diff = _disagreement(requests, lambda q: _REDUCE_NAMES.get(q[R_OP], q[R_OP]))
+            if diff:
+                return f"Mismatched reduce operations for {op_name} of tensor '{name}': {diff}."
+            diff = _disagreement(requests, lambda q: q[R_PRE])
+            if diff:
+                return f"Mismatched prescale factors for {op_name} of tensor '{name}': {diff}."
+            diff = _disagreement(requests, lambda q: q[R_POST])
+            if diff:
+                return f"Mismatched postscale factors for {op_name} of tensor '{name}': {diff}."
+        shape = list(first[R_SHAPE])
+        extra = None
+        root = -1
+        if rtype == RequestType.BROADCAST:
+            diff = _disagreement(requests, lambda q: q[R_ROOT])
+            if diff:
+                return f"Mismatched BROADCAST root ranks for tensor '{name}': {diff.replace('sent', 'gave root')}."
+            root = first[R_ROOT]
+            if not 0 <= root < self.size:
+                return (f"Invalid root rank {root} for BROADCAST of tensor '{name}': the job has {self.size} "
+                        f"ranks (valid roots are 0..{self.size - 1}).")
+        elif rtype == RequestType.REDUCESCATTER:
+            if not shape:
+                return f"Cannot REDUCESCATTER tensor '{name}': it is rank-zero (a scalar); give it a first dimension."
+        elif rtype in (RequestType.ALLGATHER, RequestType.ALLTOALL):
+            if any(len(q[R_SHAPE]) == 0 for q in requests.values()):
+                return (f"Rank(s) {', '.join(str(r) for r, q in sorted(requests.items()) if not q[R_SHAPE])} "
+                        f"tried to {op_name} a rank-zero tensor '{name}'; give it a first dimension.")
+            diff = _disagreement(requests, lambda q: list(q[R_SHAPE][1:]))
+            if diff:
+                return (f"Mismatched {op_name} tensor shapes for tensor '{name}': every dimension except the "
+                        f"first must match across ranks, but {diff.replace('sent', 'sent rows of shape')}.")
+            shape = shape[1:]
+            if rtype == RequestType.ALLGATHER:
+                extra = [requests[r][R_SHAPE][0] if r in requests else 0 for r in range(self.size)]
+            else:
+                extra = [requests[r][R_SPLITS] for r in range(self.size)]
+        return TensorResponse(name, int(rtype), first[R_DTYPE], shape, first[R_OP], first[R_PRE], first[R_POST],
+                              root, extra)

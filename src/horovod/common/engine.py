@@ -1,0 +1,442 @@
+"""The engine: one background thread per process that negotiates and executes collectives.
+
+The user's threads enqueue :class:`Entry` objects and get handles back. The engine thread forwards each new
+request to the coordinator (rank 0) as soon as it arrives; it sleeps in ``select`` when there is nothing to
+do, and an enqueue wakes it. The coordinator emits ready work at once when nothing else is in flight, and
+batches for up to one cycle time (``HOROVOD_CYCLE_TIME``) while other tensors are still arriving, so Tensor
+Fusion has something to fuse while a lone op is never delayed. Every rank applies the coordinator's response
+lists in the same order, which is what makes the data plane's collectives line up across ranks.
+
+Failure handling: a peer whose socket closes, or any error inside a collective, aborts the engine. Every
+pending and future handle then fails with :class:`HorovodInternalError`, and this process's sockets close, so
+that every other rank notices within milliseconds instead of hanging.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from horovod.backends.base import Backend
+from horovod.backends.comm import PeerLostError
+from horovod.backends.reduce import scale_inplace, scaled_copy
+from horovod.common import wire
+from horovod.common.controller import Coordinator
+from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
+from horovod.common.handles import Handle
+from horovod.common.messages import BATCH, ERROR, JOIN, R_NAME, TensorResponse
+from horovod.common.response_cache import ResponseCache
+from horovod.common.types import ReduceOp, RequestType, numpy_dtype
+
+log = logging.getLogger("horovod.engine")
+
+DUPLICATE_NAME_MESSAGE = (
+    "Requested to {op} a tensor with the same name as another tensor that is currently being processed "
+    "(name: '{name}'). If you want to request another tensor, use a different tensor name, or wait for the "
+    "first one to finish."
+)
+IDLE_WAKE_SECONDS = 1.0
+SHUTDOWN_WAIT_SECONDS = 5.0
+
+
+class Entry:
+    """This rank's side of one named collective: its request, buffers and handle."""
+
+    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index")
+
+    def __init__(self, request: list, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
+                 handle: Handle, index: int = 0,
+                 allocate: Optional[Callable[[tuple, np.dtype], np.ndarray]] = None) -> None:
+        self.request = request
+        self.tensor = tensor
+        self.output = output
+        self.allocate = allocate
+        self.handle = handle
+        self.index = index
+
+    @property
+    def name(self) -> str:
+        return self.request[R_NAME]
+
+
+def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+class Engine:
+    """The background thread, its queue and the table of in-flight entries of one process."""
+
+    def __init__(self, rank: int, size: int, backend: Backend, control: Dict[int, socket.socket],
+                 cache_capacity: int, fusion_threshold: int, cycle_time_ms: float,
+                 disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.backend = backend
+        self.control = control
+        self.cache = ResponseCache(cache_capacity)
+        self.cycle_s = max(0.0, cycle_time_ms) / 1000.0
+        self.coordinator = (Coordinator(size, self.cache, fusion_threshold, disable_group_fusion)
+                            if rank == 0 else None)
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Entry] = collections.deque()
+        self._table: Dict[str, Entry] = {}
+        self._sleeping = False
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._stop = False
+        self._dead: Optional[HorovodInternalError] = None
+        self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
+        self.executed_batches = 0
+
+    # ------------------------------------------------------------------ user side
+    def start(self) -> Engine:
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    def enqueue(self, entries: List[Entry]) -> None:
+        """Submit entries (all or none); ValueError for a name already in flight on this rank."""
+        with self._lock:
+            if self._dead is not None:
+                for entry in entries:
+                    entry.handle.set_error(HorovodInternalError(str(self._dead)))
+                return
+            names = set()
+            for entry in entries:
+                name = entry.name
+                if name in self._table or name in names:
+                    op = RequestType(entry.request[1]).name.lower()
+                    raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=name))
+                names.add(name)
+            for entry in entries:
+                self._table[entry.name] = entry
+                self._queue.append(entry)
+            if self._sleeping:
+                self._sleeping = False
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+
+    def shutdown(self) -> None:
+        """Stop the engine: tell the coordinator (or, on rank 0, everyone) and wait for the thread."""
+        with self._lock:
+            self._stop = True
+            self._wake()
+        self._thread.join(SHUTDOWN_WAIT_SECONDS + 5.0)
+        if self._thread.is_alive():
+            log.warning("rank %d: the engine thread did not stop in time; abandoning it", self.rank)
+            self._fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+
+    # ---------------------------------------------------------------- engine side
+    def _main(self) -> None:
+        try:
+            if self.coordinator is not None:
+                self._coordinator_loop()
+            else:
+                self._worker_loop()
+        except PeerLostError as exc:
+            self._abort(str(exc))
+        except HorovodInternalError as exc:
+            self._abort(str(exc))
+        except Exception as exc:
+            log.exception("rank %d: the Horovod engine failed", self.rank)
+            self._abort(f"Horovod background thread failed on rank {self.rank}: {type(exc).__name__}: {exc}")
+        finally:
+            self._close()
+
+    def _drain(self) -> List[Entry]:
+        queue = self._queue
+        if not queue:
+            return []
+        out = []
+        while queue:
+            out.append(queue.popleft())
+        return out
+
+    def _sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]):
+        with self._lock:
+            if self._queue or self._stop:
+                return []
+            self._sleeping = True
+        events = selector.select(timeout)
+        self._sleeping = False
+        return events
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # --- coordinator (rank 0)
+    def _coordinator_loop(self) -> None:
+        coord = self.coordinator
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, -1)
+        for peer, sock in self.control.items():
+            selector.register(sock, selectors.EVENT_READ, peer)
+        last_emit = -math.inf
+        shutdown_reason = None
+        while True:
+            for entry in self._drain():
+                coord.add_request(0, entry.request)
+            if self._stop and shutdown_reason is None:
+                shutdown_reason = "rank 0 called hvd.shutdown()"
+            if shutdown_reason is not None:
+                self._broadcast(["S", shutdown_reason])
+                self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
+                return
+            timeout: Optional[float] = IDLE_WAKE_SECONDS
+            if coord.has_ready():
+                now = time.monotonic()
+                if now - last_emit >= self.cycle_s or not coord.has_partial():
+                    last_emit = now
+                    items = coord.take_ready()
+                    if items:
+                        self._broadcast(["L", items])
+                        self._apply(items)
+                    continue
+                timeout = last_emit + self.cycle_s - now
+            for key, _ in self._sleep(selector, timeout):
+                peer = key.data
+                if peer == -1:
+                    self._drain_wake()
+                    continue
+                msg = self._recv_control(peer, key.fileobj)
+                kind = msg[0]
+                if kind == "R":
+                    for request in msg[1]:
+                        coord.add_request(peer, request)
+                elif kind == "X":
+                    shutdown_reason = f"rank {peer} called hvd.shutdown()"
+                    selector.unregister(key.fileobj)
+
+    def _broadcast(self, msg: list) -> None:
+        payload = wire.pack(msg)
+        frame = len(payload).to_bytes(4, "little") + payload
+        for peer, sock in self.control.items():
+            try:
+                sock.sendall(frame)
+            except OSError as exc:
+                if msg[0] != "S":
+                    raise PeerLostError(peer, "?", str(exc)) from None
+
+    def _recv_control(self, peer: int, sock: socket.socket) -> list:
+        try:
+            return wire.recv_msg(sock)
+        except (OSError, wire.PeerClosedError) as exc:
+            raise PeerLostError(peer, self._host_of(peer), str(exc) or "connection closed") from None
+
+    def _host_of(self, peer: int) -> str:
+        comm = getattr(self.backend, "comm", None) or getattr(getattr(self.backend, "flat", None), "comm", None)
+        if comm is not None and peer < len(comm.hosts):
+            return comm.hosts[peer]
+        return "?"
+
+    # --- worker (rank != 0)
+    def _worker_loop(self) -> None:
+        sock = self.control[0]
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, -1)
+        selector.register(sock, selectors.EVENT_READ, 0)
+        stop_sent_at = None
+        while True:
+            entries = self._drain()
+            if entries:
+                self._send_control(sock, ["R", [e.request for e in entries]])
+            if self._stop and stop_sent_at is None:
+                self._send_control(sock, ["X"])
+                stop_sent_at = time.monotonic()
+            timeout = IDLE_WAKE_SECONDS
+            if stop_sent_at is not None:
+                timeout = SHUTDOWN_WAIT_SECONDS - (time.monotonic() - stop_sent_at)
+                if timeout <= 0:
+                    self._fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+                    return
+            for key, _ in self._sleep(selector, timeout) if not self._stop else selector.select(timeout):
+                if key.data == -1:
+                    self._drain_wake()
+                    continue
+                try:
+                    msg = wire.recv_msg(sock)
+                except (OSError, wire.PeerClosedError) as exc:
+                    if stop_sent_at is not None:
+                        self._fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+                        return
+                    raise PeerLostError(0, self._host_of(0), str(exc) or "connection closed") from None
+                kind = msg[0]
+                if kind == "L":
+                    self._apply(msg[1])
+                elif kind == "S":
+                    self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {msg[1]}.)"))
+                    return
+                elif kind == "A":
+                    raise HorovodInternalError(msg[1])
+
+    def _send_control(self, sock: socket.socket, msg: list) -> None:
+        try:
+            wire.send_msg(sock, msg)
+        except OSError as exc:
+            raise PeerLostError(0, self._host_of(0), str(exc)) from None
+
+    # ------------------------------------------------------------------ execution
+    def _apply(self, items: List[list]) -> None:
+        """Decode a response list against the cache state before it, update the cache, then execute it."""
+        cache = self.cache
+        decoded = []
+        for item in items:
+            kind = item[0]
+            if kind == BATCH:
+                batch = [cache.get(x) if isinstance(x, int) else TensorResponse.from_wire(x) for x in item[1]]
+                decoded.append((BATCH, batch, item[1]))
+            else:
+                decoded.append((kind, item, None))
+        for kind, batch, raw in decoded:
+            if kind == BATCH and cache.enabled:
+                for response, ref in zip(batch, raw):
+                    if isinstance(ref, int):
+                        cache.touch(ref)
+                    else:
+                        cache.put(response)
+        for kind, payload, _ in decoded:
+            if kind == BATCH:
+                self._execute(payload)
+            elif kind == ERROR:
+                for name in payload[1]:
+                    entry = self._pop(name)
+                    if entry is not None:
+                        entry.handle.set_error(HorovodInternalError(payload[2]))
+            elif kind == JOIN:
+                entry = self._pop("join.noname")
+                if entry is not None:
+                    entry.handle.set_result(entry.index, payload[1])
+
+    def _pop(self, name: str) -> Optional[Entry]:
+        with self._lock:
+            return self._table.pop(name, None)
+
+    def _execute(self, batch: List[TensorResponse]) -> None:
+        with self._lock:
+            entries = [self._table.pop(r.name, None) for r in batch]
+        first = batch[0]
+        rtype = first.rtype
+        backend = self.backend
+        dtype = numpy_dtype(first.dtype)
+        if rtype == RequestType.ALLREDUCE:
+            op = first.reduce_op
+            postscale = first.postscale
+            if op == ReduceOp.AVERAGE:
+                op = ReduceOp.SUM
+                postscale = postscale / self.size
+            inputs, outputs = [], []
+            for response, entry in zip(batch, entries):
+                if entry is None:           # this rank joined: contribute zeros
+                    zeros = np.zeros(response.numel(), dtype)
+                    inputs.append(zeros)
+                    outputs.append(zeros)
+                else:
+                    inputs.append(entry.tensor.reshape(-1))
+                    outputs.append(entry.output.reshape(-1))
+            backend.allreduce(inputs, outputs, ReduceOp(op), first.prescale, postscale)
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.set_result(entry.index, entry.output)
+        elif rtype == RequestType.ALLGATHER:
+            entry = entries[0]
+            row = int(np.prod(first.shape)) if first.shape else 1
+            counts = [d * row for d in first.extra]
+            out = (entry.allocate or _default_allocate)((sum(first.extra), *first.shape), dtype)
+            backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+            entry.handle.set_result(entry.index, out)
+        elif rtype == RequestType.BROADCAST:
+            entry = entries[0]
+            out = entry.output
+            if out is not entry.tensor and self.rank == first.root:
+                np.copyto(out, entry.tensor)
+            backend.broadcast(out.reshape(-1), first.root)
+            entry.handle.set_result(entry.index, out)
+        elif rtype == RequestType.ALLTOALL:
+            entry = entries[0]
+            matrix = first.extra
+            row = int(np.prod(first.shape)) if first.shape else 1
+            received = [matrix[src][self.rank] for src in range(self.size)]
+            out = (entry.allocate or _default_allocate)((sum(received), *first.shape), dtype)
+            backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in matrix[self.rank]], out.reshape(-1),
+                              [r * row for r in received], max_count=max(max(r) for r in matrix) * row)
+            entry.handle.set_result(entry.index, (out, np.asarray(received, np.int32)))
+        elif rtype == RequestType.REDUCESCATTER:
+            entry = entries[0]
+            shape = first.shape
+            rows = [shape[0] // self.size + (1 if r < shape[0] % self.size else 0) for r in range(self.size)]
+            row = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            out = (entry.allocate or _default_allocate)((rows[self.rank], *shape[1:]), dtype)
+            inp = entry.tensor.reshape(-1)
+            if first.prescale != 1.0:
+                scaled = np.empty_like(inp)
+                scaled_copy(scaled, inp, first.prescale)
+                inp = scaled
+            op = first.reduce_op
+            postscale = first.postscale
+            if op == ReduceOp.AVERAGE:
+                op, postscale = ReduceOp.SUM, postscale / self.size
+            backend.reducescatter(inp, out.reshape(-1), [r * row for r in rows], ReduceOp(op))
+            scale_inplace(out, postscale)
+            entry.handle.set_result(entry.index, out)
+        elif rtype == RequestType.BARRIER:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.set_result(entry.index, None)
+        else:
+            raise HorovodInternalError(f"unsupported response type {rtype}")
+        self.executed_batches += 1
+
+    # ------------------------------------------------------------------ failure
+    def _fail_all(self, error: HorovodInternalError) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = error
+            entries = list(self._table.values())
+            self._table.clear()
+            self._queue.clear()
+        for entry in entries:
+            entry.handle.set_error(HorovodInternalError(str(error)))
+
+    def _abort(self, reason: str) -> None:
+        log.error("rank %d: %s", self.rank, reason)
+        if self.coordinator is not None:
+            try:
+                self._broadcast(["A", reason])
+            except Exception:
+                pass
+        self._fail_all(HorovodInternalError(reason))
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = HorovodInternalError(SHUT_DOWN_MESSAGE)
+        for sock in (self._wake_r, self._wake_w):
+            try:
+                sock.close()
+            except OSError:
+                pass
+        if self._on_close is not None:
+            try:
+                self._on_close()
+            except Exception:
+                log.debug("rank %d: error while closing the data plane", self.rank, exc_info=True)

@@ -1,0 +1,53 @@
+"""Tensor Fusion planning: which ready responses share one buffer and one backend call.
+
+The coordinator plans; every rank executes the plan. Allreduce responses with the same dtype, reduce op and
+scale factors are packed greedily, in readiness order, while the batch stays within the fusion threshold.
+A response that does not match the open batch does not close it: later responses may still join it (the
+look-ahead upstream uses for mixed fp16/fp32 sequences). Everything else runs alone.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from horovod.common.messages import TensorResponse
+from horovod.common.types import RequestType, numpy_dtype
+
+FUSIBLE = frozenset({RequestType.ALLREDUCE})
+
+
+def nbytes(response: TensorResponse) -> int:
+    return response.numel() * numpy_dtype(response.dtype).itemsize
+
+
+def plan(responses: List[TensorResponse], threshold: int) -> List[List[TensorResponse]]:
+    """Group ``responses`` (in order) into batches that each run as one collective.
+
+    ``threshold`` is in bytes; 0 disables fusion (every response runs alone). A single response larger than
+    the threshold still runs, alone.
+    """
+    batches: List[List[TensorResponse]] = []
+    open_batches: Dict[tuple, int] = {}     # fusion key -> index of the open batch for that key
+    open_bytes: Dict[int, int] = {}
+    for response in responses:
+        if threshold <= 0 or response.rtype not in FUSIBLE:
+            batches.append([response])
+            continue
+        key = response.fusion_key()
+        size = nbytes(response)
+        index = open_batches.get(key)
+        if index is not None and open_bytes[index] + size <= threshold:
+            batches[index].append(response)
+            open_bytes[index] += size
+            continue
+        open_batches[key] = len(batches)
+        open_bytes[len(batches)] = size
+        batches.append([response])
+    return batches
+
+
+def aligned_threshold(threshold: int, local_size: int) -> int:
+    """Round the threshold up to a multiple of ``local_size * 8 * 64`` bytes, as upstream does."""
+    unit = max(1, local_size) * 8 * 64
+    return int(np.ceil(threshold / unit) * unit) if threshold > 0 else 0

@@ -1,0 +1,281 @@
+"""The op layer: collectives as named requests on numpy buffers, returning handles.
+
+Framework bindings convert their tensors into numpy views (zero-copy for CPU memory) and call these
+functions. Here we check what one rank can check alone (supported dtype, contiguity, an op that exists for
+the collective, alltoall splits that add up) and hand the request to the engine; everything that needs the
+other ranks (shapes, dtypes, roots agreeing) is checked by the coordinator.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, List, Optional, Sequence
+
+import cloudpickle
+import numpy as np
+
+from horovod.common import basics
+from horovod.common.engine import Entry
+from horovod.common.handles import Handle
+from horovod.common.messages import make_request
+from horovod.common.process_sets import ProcessSet, check_global
+from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
+
+Allocator = Callable[[tuple, np.dtype], np.ndarray]
+_counter = itertools.count()
+
+
+def next_id() -> int:
+    """A process-wide increasing number (for default tensor names)."""
+    return next(_counter)
+
+
+def tensor_name(op: str, name: Optional[str], handle_id: Optional[int] = None) -> str:
+    """Upstream's naming: ``<op>.<name>``, or ``<op>.noname.<n>`` without a name."""
+    if name:
+        return f"{op}.{name}"
+    return f"{op}.noname.{next_id() if handle_id is None else handle_id}"
+
+
+def check_array(arr: np.ndarray) -> DataType:
+    """The wire dtype of ``arr``; ValueError if it is not contiguous or its dtype is unsupported."""
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"expected a numpy array, got {type(arr).__name__}")
+    if not arr.flags.c_contiguous:
+        raise ValueError("Tensor is required to be contiguous. Call .copy() (numpy) or .contiguous() (torch) "
+                         "on it before the collective.")
+    return data_type_of(arr.dtype)
+
+
+def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
+    op = ReduceOp(op)
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
+    if dtype == DataType.BOOL and op in (ReduceOp.AVERAGE,):
+        raise ValueError(f"{what} with op=Average is not defined for bool tensors; use Sum (logical or), Min "
+                         "(logical and) or Max.")
+    return op
+
+
+def _engine():
+    return basics.engine()
+
+
+def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, name: Optional[str] = None,
+                    op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Optional[ProcessSet] = None) -> Handle:
+    """Reduce ``tensor`` across ranks into ``output`` (a new array unless given; may be ``tensor`` itself)."""
+    engine = _engine()
+    check_global(process_set)
+    dtype = check_array(tensor)
+    op = _check_reduce(op, dtype, "allreduce")
+    name = name or tensor_name("allreduce", None)
+    if output is None:
+        output = np.empty_like(tensor)
+    handle = Handle(name)
+    request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor)
+    engine.enqueue([Entry(request, tensor, output, handle)])
+    return handle
+
+
+def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Sequence[np.ndarray]] = None,
+                            name: Optional[str] = None, op: ReduceOp = ReduceOp.AVERAGE,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Optional[ProcessSet] = None) -> Handle:
+    """Allreduce a list of tensors negotiated and fused as one unit; the handle's result is a list."""
+    engine = _engine()
+    check_global(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
+    outputs = [np.empty_like(t) for t in tensors] if outputs is None else list(outputs)
+    base = name or tensor_name("grouped_allreduce", None)
+    n = len(tensors)
+    handle = Handle(base, parts=n)
+    entries = []
+    for i, (t, out) in enumerate(zip(tensors, outputs)):
+        dtype = check_array(t)
+        op = _check_reduce(op, dtype, "grouped_allreduce")
+        member = f"{base}_{i}of{n}"
+        request = make_request(member, RequestType.ALLREDUCE, dtype, t.shape, op, prescale_factor,
+                               postscale_factor, group=base, group_size=n)
+        entries.append(Entry(request, t, out, handle, index=i))
+    engine.enqueue(entries)
+    return handle
+
+
+def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Optional[Allocator] = None,
+                    process_set: Optional[ProcessSet] = None) -> Handle:
+    """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
+    engine = _engine()
+    check_global(process_set)
+    dtype = check_array(tensor)
+    if tensor.ndim == 0:
+        raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
+    name = name or tensor_name("allgather", None)
+    handle = Handle(name)
+    request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape)
+    engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
+    return handle
+
+
+def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
+                            allocate: Optional[Allocator] = None,
+                            process_set: Optional[ProcessSet] = None) -> Handle:
+    """Allgather each tensor of a list, negotiated as one unit; the handle's result is a list."""
+    engine = _engine()
+    check_global(process_set)
+    tensors = list(tensors)
+    base = name or tensor_name("grouped_allgather", None)
+    n = len(tensors)
+    handle = Handle(base, parts=n)
+    entries = []
+    for i, t in enumerate(tensors):
+        dtype = check_array(t)
+        if t.ndim == 0:
+            raise ValueError("allgather needs tensors with at least one dimension.")
+        request = make_request(f"{base}_{i}of{n}", RequestType.ALLGATHER, dtype, t.shape, group=base, group_size=n)
+        entries.append(Entry(request, t, None, handle, index=i, allocate=allocate))
+    engine.enqueue(entries)
+    return handle
+
+
+def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndarray] = None,
+                    name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+    """Copy ``root_rank``'s ``tensor`` to every rank (into ``output``, a new array unless given)."""
+    engine = _engine()
+    check_global(process_set)
+    dtype = check_array(tensor)
+    name = name or tensor_name("broadcast", None)
+    if output is None:
+        output = np.empty_like(tensor)
+    handle = Handle(name)
+    request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank))
+    engine.enqueue([Entry(request, tensor, output, handle)])
+    return handle
+
+
+def alltoall_async(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
+                   allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+    """Send ``splits[j]`` rows of ``tensor`` to rank j; the result is (output, received_splits)."""
+    engine = _engine()
+    check_global(process_set)
+    dtype = check_array(tensor)
+    size = basics.size()
+    if tensor.ndim == 0:
+        raise ValueError("alltoall needs a tensor with at least one dimension.")
+    if splits is None:
+        if tensor.shape[0] % size:
+            raise ValueError(f"alltoall without splits divides dim 0 ({tensor.shape[0]}) equally among {size} "
+                             "ranks, which is not possible; pass splits= explicitly.")
+        splits = [tensor.shape[0] // size] * size
+    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    if len(splits) != size:
+        raise ValueError(f"alltoall splits must have one entry per rank ({size}), got {len(splits)}.")
+    if any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
+        raise ValueError(f"alltoall splits {splits} must be non-negative and add up to dim 0 ({tensor.shape[0]}).")
+    name = name or tensor_name("alltoall", None)
+    handle = Handle(name)
+    request = make_request(name, RequestType.ALLTOALL, dtype, tensor.shape, splits=splits)
+    engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
+    return handle
+
+
+def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: ReduceOp = ReduceOp.AVERAGE,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+    """Reduce ``tensor`` across ranks and keep this rank's block of dim 0 (ranks < n % size get one more row)."""
+    engine = _engine()
+    check_global(process_set)
+    dtype = check_array(tensor)
+    op = ReduceOp(op)
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
+    if tensor.ndim == 0:
+        raise ValueError("reducescatter needs a tensor with at least one dimension.")
+    op = _check_reduce(op, dtype, "reducescatter")
+    name = name or tensor_name("reducescatter", None)
+    handle = Handle(name)
+    request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
+                           postscale_factor)
+    engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
+    return handle
+
+
+def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
+                                op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0, allocate: Optional[Allocator] = None,
+                                process_set: Optional[ProcessSet] = None) -> Handle:
+    """Reducescatter each tensor of a list, negotiated as one unit; the handle's result is a list."""
+    engine = _engine()
+    check_global(process_set)
+    tensors = list(tensors)
+    base = name or tensor_name("grouped_reducescatter", None)
+    n = len(tensors)
+    op = ReduceOp(op)
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
+    handle = Handle(base, parts=n)
+    entries = []
+    for i, t in enumerate(tensors):
+        dtype = check_array(t)
+        if t.ndim == 0:
+            raise ValueError("reducescatter needs tensors with at least one dimension.")
+        request = make_request(f"{base}_{i}of{n}", RequestType.REDUCESCATTER, dtype, t.shape, op, prescale_factor,
+                               postscale_factor, group=base, group_size=n)
+        entries.append(Entry(request, t, None, handle, index=i, allocate=allocate))
+    engine.enqueue(entries)
+    return handle
+
+
+def barrier_async(process_set: Optional[ProcessSet] = None) -> Handle:
+    """Completes once every rank has entered the barrier."""
+    engine = _engine()
+    check_global(process_set)
+    name = "barrier.noname"
+    handle = Handle(name)
+    engine.enqueue([Entry(make_request(name, RequestType.BARRIER, DataType.UINT8, []), None, None, handle)])
+    return handle
+
+
+def join_async() -> Handle:
+    """Mark this rank as joined; completes with the last rank to join once every rank has."""
+    engine = _engine()
+    name = "join.noname"
+    handle = Handle(name)
+    engine.enqueue([Entry(make_request(name, RequestType.JOIN, DataType.UINT8, []), None, None, handle)])
+    return handle
+
+
+# ------------------------------------------------------------------ objects
+def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: Optional[ProcessSet] = None):
+    """Send a picklable object from ``root_rank`` to every rank (cloudpickle between authenticated peers)."""
+    name = name or type(obj).__name__
+    if basics.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+        size = np.array([payload.size], np.int64)
+    else:
+        payload = None
+        size = np.zeros(1, np.int64)
+    broadcast_async(size, root_rank, output=size, name=f"broadcast_object.{name}.sz", process_set=process_set).wait()
+    if payload is None:
+        payload = np.empty(int(size[0]), np.uint8)
+    result = broadcast_async(payload, root_rank, output=payload if basics.rank() != root_rank else None,
+                             name=f"broadcast_object.{name}.t", process_set=process_set).wait()
+    if basics.rank() == root_rank:
+        return obj
+    return cloudpickle.loads(result.tobytes())
+
+
+def allgather_object(obj, name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> List:
+    """Gather one picklable object from every rank, as a list indexed by rank."""
+    name = name or type(obj).__name__
+    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+    sizes = allgather_async(np.array([payload.size], np.int64), name=f"allgather_object.{name}.sz",
+                            process_set=process_set).wait()
+    data = allgather_async(payload, name=f"allgather_object.{name}.t", process_set=process_set).wait()
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return out

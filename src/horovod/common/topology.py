@@ -1,0 +1,168 @@
+"""Who am I: rank, size and host layout from the launcher's environment.
+
+Each launcher environment has one small detector class with the same two methods (the style of
+``jax/_src/clusters``). :func:`detect` asks them in turn; the first present one wins, and with no launcher the
+process is rank 0 of a job of size 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    hostname: str
+    source: str
+
+    def validate(self) -> Topology:
+        """Raise ValueError naming the variables when the layout is inconsistent."""
+        if not (0 <= self.rank < self.size):
+            raise ValueError(f"{self.source}: rank {self.rank} is outside the job size {self.size}.")
+        if not (0 <= self.local_rank < self.local_size <= self.size):
+            raise ValueError(
+                f"{self.source}: local rank {self.local_rank} / local size {self.local_size} do not fit size "
+                f"{self.size}."
+            )
+        if not (0 <= self.cross_rank < self.cross_size):
+            raise ValueError(f"{self.source}: cross rank {self.cross_rank} / cross size {self.cross_size}.")
+        return self
+
+
+def _int(env: dict, name: str) -> Optional[int]:
+    value = env.get(name)
+    if value is None or value == "":
+        return None
+    return int(value)
+
+
+class Detector:
+    """Interface: ``is_present`` and ``topology`` read one launcher's variables."""
+
+    name = "detector"
+
+    def is_present(self, env: dict) -> bool:
+        raise NotImplementedError
+
+    def topology(self, env: dict) -> Topology:
+        raise NotImplementedError
+
+
+class HorovodLauncher(Detector):
+    """Our own ``horovodrun`` (and upstream's Gloo launcher): ``HOROVOD_RANK`` and friends."""
+
+    name = "horovodrun"
+
+    def is_present(self, env: dict) -> bool:
+        return _int(env, "HOROVOD_RANK") is not None and _int(env, "HOROVOD_SIZE") is not None
+
+    def topology(self, env: dict) -> Topology:
+        rank, size = _int(env, "HOROVOD_RANK"), _int(env, "HOROVOD_SIZE")
+        local_rank = _int(env, "HOROVOD_LOCAL_RANK")
+        local_size = _int(env, "HOROVOD_LOCAL_SIZE")
+        if local_rank is None or local_size is None:
+            local_rank, local_size = rank, size
+        cross_rank = _int(env, "HOROVOD_CROSS_RANK")
+        cross_size = _int(env, "HOROVOD_CROSS_SIZE")
+        if cross_rank is None or cross_size is None:
+            cross_rank, cross_size = 0, 1
+        hostname = env.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        return Topology(rank, size, local_rank, local_size, cross_rank, cross_size, hostname, self.name)
+
+
+class OpenMPI(Detector):
+    """Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_*``."""
+
+    name = "Open MPI"
+
+    def is_present(self, env: dict) -> bool:
+        return "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env
+
+    def topology(self, env: dict) -> Topology:
+        rank = _int(env, "OMPI_COMM_WORLD_RANK")
+        size = _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK")
+        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+        if local_rank is None or local_size is None:
+            local_rank, local_size = rank, size
+        node_rank = _int(env, "OMPI_COMM_WORLD_NODE_RANK")
+        return _with_cross(rank, size, local_rank, local_size, node_rank, self.name)
+
+
+class PMI(Detector):
+    """MPICH / Intel MPI (Hydra) and other PMI launchers: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``."""
+
+    name = "PMI"
+
+    def is_present(self, env: dict) -> bool:
+        return "PMI_RANK" in env and "PMI_SIZE" in env
+
+    def topology(self, env: dict) -> Topology:
+        rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
+        local_rank = _int(env, "MPI_LOCALRANKID")
+        local_size = _int(env, "MPI_LOCALNRANKS")
+        if local_rank is None or local_size is None:
+            local_rank, local_size = rank, size
+        return _with_cross(rank, size, local_rank, local_size, None, self.name)
+
+
+class Slurm(Detector):
+    """Slurm's ``srun``: ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NODEID``."""
+
+    name = "Slurm"
+
+    def is_present(self, env: dict) -> bool:
+        return "SLURM_PROCID" in env and ("SLURM_NTASKS" in env or "SLURM_NPROCS" in env) and "SLURM_STEP_ID" in env
+
+    def topology(self, env: dict) -> Topology:
+        rank = _int(env, "SLURM_PROCID")
+        size = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS")
+        local_rank = _int(env, "SLURM_LOCALID") or 0
+        local_size = _tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""),
+                                    _int(env, "SLURM_NODEID") or 0)
+        if local_size is None:
+            local_size = size
+        return _with_cross(rank, size, local_rank, local_size, _int(env, "SLURM_NODEID"), self.name)
+
+
+def _tasks_on_node(spec: str, node_id: int) -> Optional[int]:
+    """Expand Slurm's compressed ``2(x3),1`` tasks-per-node list and return node ``node_id``'s count."""
+    counts = []
+    for part in filter(None, spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return None
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts[node_id] if node_id < len(counts) else None
+
+
+def _with_cross(rank, size, local_rank, local_size, node_rank, source) -> Topology:
+    # Launchers without cross variables: assume homogeneous blocks of local_size ranks per host.
+    cross_size = max(1, size // local_size) if local_size else 1
+    cross_rank = node_rank if node_rank is not None else rank // max(local_size, 1)
+    cross_rank = min(cross_rank, cross_size - 1)
+    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size,
+                    socket.gethostname(), source)
+
+
+DETECTORS = [HorovodLauncher(), OpenMPI(), PMI(), Slurm()]
+
+
+def detect(env: Optional[dict] = None) -> Topology:
+    """The topology from the first launcher environment present, or a single process."""
+    env = dict(os.environ) if env is None else env
+    for detector in DETECTORS:
+        if detector.is_present(env):
+            return detector.topology(env).validate()
+    return Topology(0, 1, 0, 1, 0, 1, env.get("HOROVOD_HOSTNAME") or socket.gethostname(), "single process")
