@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from concurrent.futures import Future
 from typing import List, Optional, Sequence
 
@@ -98,12 +99,19 @@ class Comm:
         self.socks = list(socks)
         self.hosts = list(hosts)
         self._sender = sender or _Sender()
+        self.spin_s = 0.0
+
+    def set_spin(self, microseconds: float) -> None:
+        """Poll a receive this long (GIL released between polls) before blocking in the kernel."""
+        self.spin_s = max(0.0, microseconds) / 1e6
 
     def sub(self, members: Sequence[int]) -> Comm:
         """The sub-group made of group positions ``members`` (this rank must be one of them)."""
         members = list(members)
-        return Comm(members.index(self.rank), [self.global_ranks[m] for m in members],
-                    [self.socks[m] for m in members], [self.hosts[m] for m in members], self._sender)
+        sub = Comm(members.index(self.rank), [self.global_ranks[m] for m in members],
+                   [self.socks[m] for m in members], [self.hosts[m] for m in members], self._sender)
+        sub.spin_s = self.spin_s
+        return sub
 
     def _lost(self, peer: int, exc: BaseException) -> PeerLostError:
         return PeerLostError(self.global_ranks[peer], self.hosts[peer], str(exc) or type(exc).__name__)
@@ -115,8 +123,27 @@ class Comm:
             raise self._lost(peer, exc) from None
 
     def recv_into(self, peer: int, view: memoryview) -> None:
+        sock = self.socks[peer]
         try:
-            wire.recv_into_exact(self.socks[peer], view)
+            if self.spin_s:
+                # A peer in the same collective usually answers within microseconds: poll briefly so that
+                # neither side pays a scheduler wake-up, then block.
+                got, n = 0, len(view)
+                deadline = time.perf_counter() + self.spin_s
+                while got < n:
+                    try:
+                        k = sock.recv_into(view[got:], n - got, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        if time.perf_counter() > deadline:
+                            break
+                        continue
+                    if k == 0:
+                        raise wire.PeerClosedError("connection closed by peer")
+                    got += k
+                if got == n:
+                    return
+                view = view[got:]
+            wire.recv_into_exact(sock, view)
         except (OSError, wire.PeerClosedError) as exc:
             raise self._lost(peer, exc) from None
 

@@ -32,6 +32,7 @@ def make_backend(mesh: Mesh, job: str, generation: int) -> Tuple[Backend, str]:
         raise ValueError("HOROVOD_CPU_OPERATIONS=mpi needs the MPI backend, which is not in this release yet; "
                          "unset it to use the built-in shm/tcp data plane.")
     comm = Comm(rank, list(range(size)), mesh.data, mesh.hosts)
+    comm.set_spin(config.get("HOROVOD_SPIN_MICROSECONDS"))
     if choice == "TCP":
         return TcpBackend(comm), "tcp, forced by HOROVOD_CPU_OPERATIONS=tcp"
     hosts = mesh.hosts

@@ -171,4 +171,7 @@ def build_mesh(topo: Topology, key: bytes, kv: KVStoreClient, generation: int, t
             sock.setblocking(True)
     for sock in control.values():
         sock.setblocking(True)
-    return Mesh(rank, size, hosts, data, control, listeners)
+    # Everyone is connected: stop listening, so that later connection attempts are refused outright.
+    for listener in listeners:
+        listener.close()
+    return Mesh(rank, size, hosts, data, control, [])

@@ -26,6 +26,7 @@ from horovod.backends.reduce import combine, reduce_into, scaled_copy
 from horovod.common.types import ReduceOp
 
 ALIGN = 64
+SMALL_ALLREDUCE_BYTES = 256 * 1024
 
 
 def _align_down(n: int, unit: int) -> int:
@@ -122,6 +123,9 @@ class ShmBackend(Backend):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
         self.seg = ShmSegment(comm, tag, chunk_bytes)
+        # Below this many bytes (all ranks' data together) allreduce takes the one-barrier path.
+        self.small_bytes = min(SMALL_ALLREDUCE_BYTES, self.seg.chunk // 2)
+        self._flip = 0
 
     def _reduce_segment(self, lo: int, hi: int, dtype, op: ReduceOp, dst: np.ndarray) -> None:
         seg = self.seg
@@ -137,6 +141,9 @@ class ShmBackend(Backend):
                   prescale: float = 1.0, postscale: float = 1.0) -> None:
         dtype = inputs[0].dtype
         total = sum(a.size for a in inputs)
+        if total * dtype.itemsize * self.size <= self.small_bytes:
+            self._small_allreduce(inputs, outputs, total, dtype, op, prescale, postscale)
+            return
         per_chunk = self.seg.chunk // dtype.itemsize
         mine = self.seg.slot(self.rank, dtype)
         result = self.seg.result(dtype)
@@ -156,6 +163,34 @@ class ShmBackend(Backend):
                 scaled_copy(outputs[0][base:base + n], result[:n], postscale)
             else:
                 _copy_to_list(result[:n], outputs, base, postscale)
+
+    def _small_allreduce(self, inputs, outputs, total, dtype, op, prescale, postscale) -> None:
+        """One barrier instead of two: every rank reduces the whole (small) buffer itself, in rank order.
+
+        Slots alternate between two halves from call to call, so a rank that races ahead into the next small
+        allreduce writes the half its slower peers are not reading; it cannot get two calls ahead, because
+        the next call's barrier waits for them.
+        """
+        half = self.seg.chunk // 2
+        base = (self._flip * half) // dtype.itemsize
+        self._flip ^= 1
+        slots = [self.seg.slot(r, dtype)[base:base + total] for r in range(self.size)]
+        if len(inputs) == 1:
+            scaled_copy(slots[self.rank], inputs[0], prescale)
+        else:
+            _copy_from_list(inputs, 0, slots[self.rank], prescale)
+        self.comm.barrier()
+        acc = self.fusion_buffer(total, dtype)
+        if self.size == 1:
+            np.copyto(acc, slots[0])
+        else:
+            combine(acc, slots[0], slots[1], op)
+            for r in range(2, self.size):
+                reduce_into(acc, slots[r], op)
+        if len(outputs) == 1:
+            scaled_copy(outputs[0], acc, postscale)
+        else:
+            _copy_to_list(acc, outputs, 0, postscale)
 
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
         self.allreduce([buf], [buf], op)

@@ -85,7 +85,9 @@ def _start(topo: topology.Topology, generation: int):
     threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
     knobs = dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
                  cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
-                 disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"))
+                 disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
+                 spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
+                 affinity=_engine_core(topo))
     if topo.size == 1:
         backend = LocalBackend()
         return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), \
@@ -121,6 +123,18 @@ def _start(topo: topology.Topology, generation: int):
 
     engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, **knobs).start()
     return engine, reason, backend.name
+
+
+def _engine_core(topo: topology.Topology) -> Optional[int]:
+    """The core the engine thread is pinned to: HOROVOD_THREAD_AFFINITY's entry for this local rank, if set."""
+    spec = config.get("HOROVOD_THREAD_AFFINITY")
+    if not spec:
+        return None
+    cores = [int(c) for c in spec.split(",") if c.strip()]
+    if len(cores) < topo.local_size:
+        raise ValueError(f"HOROVOD_THREAD_AFFINITY={spec!r} names {len(cores)} cores but this host runs "
+                         f"{topo.local_size} ranks; give one core per local rank.")
+    return cores[topo.local_rank]
 
 
 def shutdown() -> None:

@@ -35,6 +35,8 @@ from horovod.common.types import DataType, ReduceOp, RequestType
 _OP_NAMES = {int(v): v.name for v in RequestType}
 _DTYPE_NAMES = {int(v): v.name.lower() for v in DataType}
 _REDUCE_NAMES = {int(v): v.name.capitalize() for v in ReduceOp}
+# Requests of these types must be identical on every rank (no per-rank fields), which allows a fast check.
+_IDENTICAL_TYPES = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER, RequestType.BARRIER})
 _NOT_WITH_JOIN = {
     RequestType.ALLGATHER: "Allgather",
     RequestType.BROADCAST: "Broadcast",
@@ -151,16 +153,18 @@ class Coordinator:
             unit = responses if not group else []
             for member in names:
                 del self._ready[member]
-                member_entry = self._pending.pop(member)
-                result = self._construct(member, member_entry.requests)
+                requests = self._pending.pop(member).requests
+                cache_id = self.cache.lookup(member) if self.cache.enabled else None
+                if cache_id is not None and self._matches_cache(cache_id, requests):
+                    unit.append(self.cache.get(cache_id))
+                    cached.add(member)
+                    cached_ids[member] = cache_id
+                    continue
+                result = self._construct(member, requests)
                 if isinstance(result, str):
                     out.append([ERROR, [member], result])
                     continue
                 unit.append(result)
-                cache_id = self.cache.lookup(member) if self.cache.enabled else None
-                if cache_id is not None and self._matches_cache(cache_id, member_entry.requests):
-                    cached.add(member)
-                    cached_ids[member] = cache_id
             if group:
                 group_units.append(unit)
         # Held group members stay pending, out of the ready order, until their group completes.
@@ -193,6 +197,9 @@ class Coordinator:
     def _construct(self, name: str, requests: Dict[int, list]):
         """Validate the ranks' requests for ``name``; a TensorResponse or an error message."""
         first = requests[min(requests)]
+        if first[R_TYPE] in _IDENTICAL_TYPES and len(requests) == self.size and \
+                all(q == first for q in requests.values()):
+            return self._response(name, first, list(first[R_SHAPE]), None)
         diff = _disagreement(requests, lambda q: _OP_NAMES[q[R_TYPE]])
         if diff:
             return f"Mismatched operations for tensor '{name}': {diff.replace('sent', 'did an')}."
@@ -222,7 +229,6 @@ class Coordinator:
                 return f"Mismatched postscale factors for {op_name} of tensor '{name}': {diff}."
         shape = list(first[R_SHAPE])
         extra = None
-        root = -1
         if rtype == RequestType.BROADCAST:
             diff = _disagreement(requests, lambda q: q[R_ROOT])
             if diff:
@@ -247,5 +253,8 @@ class Coordinator:
                 extra = [requests[r][R_SHAPE][0] if r in requests else 0 for r in range(self.size)]
             else:
                 extra = [requests[r][R_SPLITS] for r in range(self.size)]
-        return TensorResponse(name, int(rtype), first[R_DTYPE], shape, first[R_OP], first[R_PRE], first[R_POST],
-                              root, extra)
+        return self._response(name, first, shape, extra)
+
+    def _response(self, name: str, first: list, shape: List[int], extra) -> TensorResponse:
+        return TensorResponse(name, first[R_TYPE], first[R_DTYPE], shape, first[R_OP], first[R_PRE],
+                              first[R_POST], first[R_ROOT], extra)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import selectors
 import socket
 import threading
@@ -75,7 +76,8 @@ class Engine:
 
     def __init__(self, rank: int, size: int, backend: Backend, control: Dict[int, socket.socket],
                  cache_capacity: int, fusion_threshold: int, cycle_time_ms: float,
-                 disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None) -> None:
+                 disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None,
+                 spin_us: float = 0.0, affinity: Optional[int] = None) -> None:
         self.rank = rank
         self.size = size
         self.backend = backend
@@ -85,10 +87,14 @@ class Engine:
         self.coordinator = (Coordinator(size, self.cache, fusion_threshold, disable_group_fusion)
                             if rank == 0 else None)
         self._on_close = on_close
+        self.affinity = affinity
         self._lock = threading.Lock()
         self._queue: collections.deque[Entry] = collections.deque()
         self._table: Dict[str, Entry] = {}
         self._sleeping = False
+        self._spin_s = max(0.0, spin_us) / 1e6
+        self._last_activity = 0.0
+        self._send_lock = threading.Lock()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stop = False
@@ -121,7 +127,16 @@ class Engine:
                 names.add(name)
             for entry in entries:
                 self._table[entry.name] = entry
-                self._queue.append(entry)
+            if self.coordinator is None:
+                # A worker forwards requests to the coordinator from the calling thread: no engine wake-up on
+                # the critical path. A send failure means the coordinator is gone; the engine thread sees the
+                # closed socket and fails every entry, these included.
+                try:
+                    self._send_control(self.control[0], ["R", [e.request for e in entries]])
+                except PeerLostError:
+                    log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
+                return
+            self._queue.extend(entries)
             if self._sleeping:
                 self._sleeping = False
                 self._wake()
@@ -144,6 +159,11 @@ class Engine:
 
     # ---------------------------------------------------------------- engine side
     def _main(self) -> None:
+        if self.affinity is not None:
+            try:
+                os.sched_setaffinity(0, {self.affinity})   # 0 = the calling thread on Linux
+            except (OSError, AttributeError) as exc:
+                log.warning("rank %d: could not pin the engine thread to core %s: %s", self.rank, self.affinity, exc)
         try:
             if self.coordinator is not None:
                 self._coordinator_loop()
@@ -169,12 +189,26 @@ class Engine:
         return out
 
     def _sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]):
+        """Wait for the next event: poll while recently active, then block in the kernel."""
+        now = time.perf_counter()
+        spin_until = self._last_activity + self._spin_s
+        while now < spin_until:
+            if self._queue or self._stop:
+                return []
+            events = selector.select(0)
+            if events:
+                self._last_activity = time.perf_counter()
+                return events
+            if timeout is not None and timeout <= 0:
+                return []
+            now = time.perf_counter()
         with self._lock:
             if self._queue or self._stop:
                 return []
             self._sleeping = True
         events = selector.select(timeout)
         self._sleeping = False
+        self._last_activity = time.perf_counter()
         return events
 
     def _drain_wake(self) -> None:
@@ -257,9 +291,6 @@ class Engine:
         selector.register(sock, selectors.EVENT_READ, 0)
         stop_sent_at = None
         while True:
-            entries = self._drain()
-            if entries:
-                self._send_control(sock, ["R", [e.request for e in entries]])
             if self._stop and stop_sent_at is None:
                 self._send_control(sock, ["X"])
                 stop_sent_at = time.monotonic()
@@ -291,7 +322,8 @@ class Engine:
 
     def _send_control(self, sock: socket.socket, msg: list) -> None:
         try:
-            wire.send_msg(sock, msg)
+            with self._send_lock:
+                wire.send_msg(sock, msg)
         except OSError as exc:
             raise PeerLostError(0, self._host_of(0), str(exc)) from None
 
