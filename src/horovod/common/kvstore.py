@@ -38,6 +38,7 @@ class KVStoreServer:
 
         self._server = Server((host, port), Handler)
         self._thread: Optional[threading.Thread] = None
+        self._rejected = 0
 
     @property
     def port(self) -> int:
@@ -45,7 +46,8 @@ class KVStoreServer:
 
     def start(self) -> int:
         """Serve in a daemon thread; returns the port."""
-        self._thread = threading.Thread(target=self._server.serve_forever, name="horovod-kvstore", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="horovod-kvstore", daemon=True)
         self._thread.start()
         return self.port
 
@@ -87,7 +89,11 @@ class KVStoreServer:
         try:
             wire.accept_handshake(sock, self._key)
         except (OSError, wire.AuthenticationError) as exc:
-            log.warning("rendezvous: rejected a connection from %s: %s", addr[0], exc)
+            # Rate-limited: a port scanner must not flood the job's log.
+            self._rejected += 1
+            level = logging.WARNING if self._rejected <= 5 else logging.DEBUG
+            log.log(level, "rendezvous: rejected a connection from %s: %s%s", addr[0], exc,
+                    " (further rejections are logged at DEBUG)" if self._rejected == 5 else "")
             return
         try:
             while True:

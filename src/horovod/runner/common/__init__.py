@@ -1,0 +1,1 @@
+"""Launcher internals shared by ``horovodrun`` and ``horovod.run`` (upstream's ``horovod.runner.common``)."""

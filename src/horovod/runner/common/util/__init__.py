@@ -1,0 +1,1 @@
+"""Small helpers of the launcher: flags to env vars, hosts and slots, env filtering, networking, processes."""

@@ -1,0 +1,116 @@
+"""Start the ranks of a static job with the built-in controller (upstream's Gloo mode; module name kept).
+
+For every slot of the plan this builds the rank's environment (topology, rendezvous address, tunables) and
+its command: the user's command itself for hosts that are this machine, ``ssh`` for the others. Then it runs
+them all under :func:`horovod.runner.process.run_workers` (output prefixing, fail-fast).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from horovod.common.wire import SECRET_ENV
+
+from . import ssh
+from .common.util.env import exportable_env
+from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
+from .common.util.network import is_local_host
+from .common.util.settings import Settings
+from .process import WorkerSpec, run_workers
+from .rendezvous import RendezvousServer
+
+log = logging.getLogger("horovod.runner")
+
+
+def slot_env(slot: SlotInfo) -> Dict[str, str]:
+    """The topology variables of one rank."""
+    return {
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def job_env(rendezvous_addr: str, rendezvous_port: int, settings: Settings) -> Dict[str, str]:
+    """The variables every rank of the job gets besides its topology (never includes the secret)."""
+    env = {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_START_TIMEOUT": _number(settings.start_timeout),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if settings.nics:
+        env["HOROVOD_GLOO_IFACE"] = settings.nics[0]
+        env["NCCL_SOCKET_IFNAME"] = ",".join(settings.nics)
+    if settings.tcp_flag:
+        env["NCCL_IB_DISABLE"] = "1"
+    return env
+
+
+def _display(hostname: str, variables: Mapping[str, str], command: Sequence[str], remote: bool) -> str:
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in variables.items())
+    program = " ".join(shlex.quote(a) for a in command)
+    text = f"env {shown} {program}"
+    return f"ssh {hostname} {shlex.quote(text)}" if remote else text
+
+
+def worker_spec(slot: SlotInfo, command: Sequence[str], base_env: Mapping[str, str],
+                common_env: Mapping[str, str], secret: str, settings: Settings,
+                cwd: Optional[str] = None) -> WorkerSpec:
+    """How to start the rank of ``slot``: directly when its host is this machine, else over ssh.
+
+    The secret goes into the local process's environment, or onto ssh's stdin for a remote one; it is never
+    part of the argv or of ``display``.
+    """
+    cwd = cwd or os.getcwd()
+    variables = {**slot_env(slot), **common_env}
+    if is_local_host(slot.hostname):
+        env = {k: v for k, v in base_env.items() if k != SECRET_ENV}
+        env.update(variables)
+        env[SECRET_ENV] = secret
+        return WorkerSpec(slot.rank, slot.hostname, list(command), env,
+                          _display(slot.hostname, variables, command, remote=False), cwd=cwd,
+                          command_text=shlex.join(command))
+    forwarded = exportable_env(base_env)
+    forwarded.update(variables)
+    argv = ssh.build_ssh_command(slot.hostname, command, forwarded, cwd, settings.ssh_port,
+                                 settings.ssh_identity_file)
+    local_env = {k: v for k, v in base_env.items() if k != SECRET_ENV}
+    return WorkerSpec(slot.rank, slot.hostname, argv, local_env,
+                      _display(slot.hostname, variables, command, remote=True),
+                      stdin_data=ssh.secret_stdin(secret), command_text=shlex.join(command))
+
+
+def host_alloc_plan(settings: Settings) -> List[SlotInfo]:
+    """Exactly ``num_proc`` slots from ``settings.hosts`` (ValueError when there are fewer)."""
+    return get_host_assignments(parse_hosts(settings.hosts), settings.num_proc, settings.num_proc)
+
+
+def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, str],
+                rendezvous: RendezvousServer, rendezvous_addr: str) -> None:
+    """Start every rank of the job and wait for them (see :func:`horovod.runner.process.run_workers`).
+
+    ``env`` is the launcher's environment with the tunables already applied; ``rendezvous`` must be started.
+    """
+    plan = host_alloc_plan(settings)
+    rendezvous.init(plan)
+    common = job_env(rendezvous_addr, rendezvous.port, settings)
+    specs = [worker_spec(slot, command, env, common, rendezvous.secret, settings) for slot in plan]
+    if settings.verbose:
+        for spec in specs:
+            log.info("rank %d on %s: %s", spec.rank, spec.hostname, spec.display)
+    if settings.output_filename:
+        os.makedirs(settings.output_filename, exist_ok=True)
+    run_workers(specs, output_dir=settings.output_filename,
+                prefix_timestamp=settings.prefix_output_with_timestamp)

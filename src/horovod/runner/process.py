@@ -1,0 +1,383 @@
+"""Start the ranks, forward their output, and stop the whole job on the first failure.
+
+Each rank runs in its own process session (so a signal to one rank's group reaches its children too, and
+Ctrl-C in the terminal reaches only ``horovodrun``). Every output line is forwarded with upstream's prefix
+``[<rank>]<stdout>:`` / ``[<rank>]<stderr>:`` and optionally also written, unprefixed, to
+``<output_dir>/rank.<padded rank>/{stdout,stderr}``.
+
+When a rank exits with a non-zero status, the others are stopped (SIGTERM to their process groups, SIGKILL after
+a short grace) and :class:`JobFailedError` names the first rank that failed, its host, its exit status and its
+last output lines. SIGINT, SIGTERM or SIGHUP to the launcher stops every rank the same way.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Deque, Dict, List, Optional, Sequence
+
+log = logging.getLogger("horovod.runner")
+
+GRACE_SECONDS = 3.0
+TAIL_LINES = 10
+FAILURE_HEADLINE = (
+    "Horovod detected that one or more processes exited with non-zero status, thus causing the job to be "
+    "terminated. The first process to do so was:"
+)
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """How to start one rank. ``display`` is what --verbose and error reports show (never the secret)."""
+
+    rank: int
+    hostname: str
+    argv: List[str]
+    env: Dict[str, str]
+    display: str
+    stdin_data: Optional[bytes] = None
+    cwd: Optional[str] = None
+    command_text: str = ""
+
+
+@dataclasses.dataclass
+class WorkerExit:
+    """How one rank ended, for the failure report."""
+
+    rank: int
+    hostname: str
+    returncode: int
+    command_text: str
+    last_lines: List[str]
+
+    @property
+    def status(self) -> str:
+        return describe_returncode(self.returncode)
+
+
+def describe_returncode(returncode: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` for a Popen return code."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def format_failure(failure: WorkerExit) -> str:
+    """The job-failure report: upstream's sentence, then the first failed rank, its host, status and output."""
+    lines = [
+        FAILURE_HEADLINE,
+        f"Process name: {failure.rank}",
+        f"Host: {failure.hostname}",
+        f"Exit code: {failure.returncode}" + (f" ({failure.status})" if failure.returncode < 0 else ""),
+        f"Command: {failure.command_text}",
+    ]
+    if failure.returncode == -signal.SIGKILL:
+        lines.append("(A rank killed by SIGKILL that horovodrun did not kill is often the victim of the kernel's "
+                     "out-of-memory killer: check `dmesg` on that host.)")
+    if failure.last_lines:
+        lines.append(f"Last {len(failure.last_lines)} output lines of rank {failure.rank}:")
+        lines.extend("    " + line for line in failure.last_lines)
+    else:
+        lines.append(f"Rank {failure.rank} printed nothing before it exited.")
+    return "\n".join(lines)
+
+
+class JobFailedError(RuntimeError):
+    """A rank exited with a non-zero status; the job was stopped. ``failure`` is the first such rank."""
+
+    def __init__(self, failure: WorkerExit) -> None:
+        self.failure = failure
+        rc = failure.returncode
+        self.exit_code = rc if 0 < rc < 256 else (128 + (-rc) if rc < 0 else 1)
+        super().__init__(format_failure(failure))
+
+
+class JobInterruptedError(RuntimeError):
+    """The launcher received SIGTERM or SIGHUP and stopped every rank."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"horovodrun received {signal.Signals(signum).name}; all ranks were stopped.")
+
+
+class WorkerStartError(RuntimeError):
+    """A rank's process could not be started (command not found, bad working directory, ...)."""
+
+
+def pad_rank(rank: int, size: int) -> str:
+    """Zero-pad ``rank`` so that the rank directories of a job sort in rank order."""
+    return str(rank).zfill(len(str(max(size - 1, 0))))
+
+
+class OutputSink:
+    """Writes the ranks' lines to the console with upstream's ``[rank]<stream>:`` prefix, one line at a time."""
+
+    def __init__(self, stdout: Optional[IO[str]] = None, stderr: Optional[IO[str]] = None,
+                 prefix_timestamp: bool = False) -> None:
+        self._stdout = stdout
+        self._stderr = stderr
+        self._prefix_timestamp = prefix_timestamp
+        self._lock = threading.Lock()
+
+    def format(self, rank: int, stream: str, text: str) -> str:
+        stamp = time.asctime(time.localtime()) if self._prefix_timestamp else ""
+        return f"{stamp}[{rank}]<{stream}>:{text}"
+
+    def write(self, rank: int, stream: str, line: bytes) -> str:
+        text = line.decode("utf-8", "replace")
+        if not text.endswith("\n"):
+            text += "\n"
+        out = self.format(rank, stream, text)
+        target = (self._stdout or sys.stdout) if stream == "stdout" else (self._stderr or sys.stderr)
+        with self._lock:
+            try:
+                target.write(out)
+                target.flush()
+            except (OSError, ValueError):
+                pass  # the console went away (closed pipe): keep draining so the rank never blocks
+        return out
+
+
+def _die_with_parent_fn():
+    """A preexec_fn that makes the rank receive SIGTERM if the launcher dies without cleaning up (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class _Worker:
+    """One running rank: its process, output pumps and last lines."""
+
+    def __init__(self, spec: WorkerSpec, sink: OutputSink, events: queue.SimpleQueue,
+                 out_dir: Optional[str]) -> None:
+        self.spec = spec
+        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._sink = sink
+        self._files: List[IO[bytes]] = []
+        files: Dict[str, Optional[IO[bytes]]] = {"stdout": None, "stderr": None}
+        if out_dir is not None:
+            os.makedirs(out_dir, exist_ok=True)
+            for name in files:
+                f = open(os.path.join(out_dir, name), "wb")
+                files[name] = f
+                self._files.append(f)
+        try:
+            self.proc = subprocess.Popen(
+                spec.argv, env=spec.env, cwd=spec.cwd,
+                stdin=subprocess.PIPE if spec.stdin_data is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=_die_with_parent_fn(),
+            )
+        except OSError as exc:
+            self._close_files()
+            raise WorkerStartError(
+                f"Could not start rank {spec.rank} on {spec.hostname}: {exc.strerror or exc} "
+                f"(command: {spec.display}). Check that the program exists and is executable on that host."
+            ) from exc
+        if spec.stdin_data is not None:
+            try:
+                self.proc.stdin.write(spec.stdin_data)
+                self.proc.stdin.flush()
+            except OSError:
+                pass  # it already exited; its exit status tells the story
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, "stdout", files["stdout"]),
+                             name=f"horovodrun-rank{spec.rank}-stdout", daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, "stderr", files["stderr"]),
+                             name=f"horovodrun-rank{spec.rank}-stderr", daemon=True),
+        ]
+        for t in self._pumps:
+            t.start()
+        self._waiter = threading.Thread(target=self._wait, args=(events,), name=f"horovodrun-rank{spec.rank}",
+                                        daemon=True)
+        self._waiter.start()
+
+    def _pump(self, pipe: IO[bytes], stream: str, copy: Optional[IO[bytes]]) -> None:
+        try:
+            for line in iter(pipe.readline, b""):
+                shown = self._sink.write(self.spec.rank, stream, line)
+                self.tail.append(shown.rstrip("\n"))
+                if copy is not None:
+                    copy.write(line)
+                    copy.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            pipe.close()
+
+    def _wait(self, events: queue.SimpleQueue) -> None:
+        self.proc.wait()
+        events.put(("exit", self))
+
+    def signal_group(self, signum: int) -> bool:
+        """Send ``signum`` to the rank's process group; False when the group no longer exists."""
+        try:
+            os.killpg(self.proc.pid, signum)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    def join_output(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for t in self._pumps:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._pumps)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for f in self._files:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def exit_info(self) -> WorkerExit:
+        return WorkerExit(self.spec.rank, self.spec.hostname, self.proc.returncode,
+                          self.spec.command_text or self.spec.display, list(self.tail))
+
+
+def _install_signal_handlers(events: queue.SimpleQueue) -> Dict[int, object]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame):  # SimpleQueue.put is reentrant: safe in a signal handler
+        events.put(("signal", signum))
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except (ValueError, OSError):
+            pass
+    return previous
+
+
+def _restore_signal_handlers(previous: Dict[int, object]) -> None:
+    for signum, old in previous.items():
+        try:
+            signal.signal(signum, old)
+        except (ValueError, OSError, TypeError):
+            pass
+
+
+def _stop(workers: Sequence[_Worker], grace: float) -> None:
+    """SIGTERM every live rank's process group, then SIGKILL what is left after ``grace`` seconds."""
+    alive = [w for w in workers if w.proc.poll() is None]
+    for w in alive:
+        w.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(w.proc.poll() is None for w in alive):
+        time.sleep(0.02)
+    for w in workers:
+        if w.proc.poll() is None:
+            log.debug("rank %d did not stop within %.0fs of SIGTERM; sending SIGKILL", w.spec.rank, grace)
+        w.signal_group(signal.SIGKILL)
+    for w in alive:
+        try:
+            w.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            log.warning("rank %d (pid %d) did not exit after SIGKILL", w.spec.rank, w.proc.pid)
+
+
+def _reap_leftovers(workers: Sequence[_Worker]) -> None:
+    """Wait for the output of every rank; kill processes a rank left behind that still hold its pipes."""
+    deadline = time.monotonic() + 2.0
+    stragglers = [w for w in workers if not w.join_output(max(0.0, deadline - time.monotonic()))]
+    for w in stragglers:
+        log.debug("rank %d left processes behind holding its output; stopping them", w.spec.rank)
+        w.signal_group(signal.SIGTERM)
+    if stragglers:
+        time.sleep(0.2)
+    for w in stragglers:
+        w.signal_group(signal.SIGKILL)
+        w.join_output(1.0)
+
+
+def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, prefix_timestamp: bool = False,
+                grace: float = GRACE_SECONDS, stdout: Optional[IO[str]] = None,
+                stderr: Optional[IO[str]] = None) -> None:
+    """Run all ranks to completion; return when every rank exited 0.
+
+    Raises JobFailedError (the first rank to exit non-zero), JobInterruptedError (SIGTERM/SIGHUP),
+    KeyboardInterrupt (SIGINT) or WorkerStartError; in every case no rank process is left running.
+    """
+    sink = OutputSink(stdout, stderr, prefix_timestamp)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    workers: List[_Worker] = []
+    first_failure: Optional[_Worker] = None
+    stop_signal: Optional[int] = None
+    previous = _install_signal_handlers(events)
+    size = len(specs)
+    try:
+        try:
+            for spec in specs:
+                out_dir = None
+                if output_dir is not None:
+                    out_dir = os.path.join(output_dir, f"rank.{pad_rank(spec.rank, size)}")
+                workers.append(_Worker(spec, sink, events, out_dir))
+            remaining = len(workers)
+            while remaining and first_failure is None and stop_signal is None:
+                try:
+                    kind, value = events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if kind == "signal":
+                    stop_signal = value
+                elif value.proc.returncode != 0:
+                    first_failure = value
+                else:
+                    remaining -= 1
+        except BaseException:
+            _stop(workers, grace)
+            raise
+        if first_failure is not None:
+            log.error("Process %d failed (%s) on %s. Terminating remaining workers after failure of Process %d.",
+                      first_failure.spec.rank, describe_returncode(first_failure.proc.returncode),
+                      first_failure.spec.hostname, first_failure.spec.rank)
+            _stop(workers, grace)
+        elif stop_signal is not None:
+            log.error("Received %s: stopping all %d ranks.", signal.Signals(stop_signal).name, len(workers))
+            _stop(workers, grace)
+    finally:
+        _reap_leftovers(workers)
+        for w in workers:
+            w.close()
+        _restore_signal_handlers(previous)
+    if stop_signal == signal.SIGINT:
+        raise KeyboardInterrupt
+    if stop_signal is not None:
+        raise JobInterruptedError(stop_signal)
+    if first_failure is not None:
+        raise JobFailedError(first_failure.exit_info())
