@@ -21,9 +21,9 @@ def main(out: str, sizes) -> None:
         out_buf = np.empty_like(x)
         part = np.ones(max(1, count // n), np.float32)
         runs = {
-            "allreduce": lambda: ops.allreduce_async(x, out_buf, name="bench.ar", op=hvd.Sum).wait(),
-            "allgather": lambda: ops.allgather_async(part, name="bench.ag").wait(),
-            "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait(),
+            "allreduce": lambda x=x, o=out_buf: ops.allreduce_async(x, o, name="bench.ar", op=hvd.Sum).wait(),
+            "allgather": lambda p=part: ops.allgather_async(p, name="bench.ag").wait(),
+            "broadcast": lambda x=x: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait(),
         }
         for op in OPS:
             t = measure(runs[op], barrier, iterations(nbytes))

@@ -20,9 +20,9 @@ def main(out: str, sizes) -> None:
         part = np.ones(max(1, count // n), np.float32)
         gathered = np.empty(part.size * n, np.float32)
         runs = {
-            "allreduce": lambda: comm.Allreduce(x, y, op=MPI.SUM),
-            "allgather": lambda: comm.Allgather(part, gathered),
-            "broadcast": lambda: comm.Bcast(x, root=0),
+            "allreduce": lambda x=x, y=y: comm.Allreduce(x, y, op=MPI.SUM),
+            "allgather": lambda p=part, g=gathered: comm.Allgather(p, g),
+            "broadcast": lambda x=x: comm.Bcast(x, root=0),
         }
         for op in OPS:
             t = measure(runs[op], comm.Barrier, iterations(nbytes))

@@ -40,7 +40,7 @@ def resnet18_shapes() -> List[tuple]:
     """ResNet-18's trainable parameter shapes without the three downsample branches: 53 tensors, 46 MB."""
     shapes = [(64, 3, 7, 7), (64,), (64,)]
     inplanes = 64
-    for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+    for planes in (64, 128, 256, 512):
         for block in range(2):
             cin = inplanes if block == 0 else planes
             shapes += [(planes, cin, 3, 3), (planes,), (planes,), (planes, planes, 3, 3), (planes,), (planes,)]

@@ -20,9 +20,9 @@ def main(out: str, sizes) -> None:
         part = torch.ones(max(1, count // n))
         gathered = [torch.empty_like(part) for _ in range(n)]
         runs = {
-            "allreduce": lambda: dist.all_reduce(x),
-            "allgather": lambda: dist.all_gather(gathered, part),
-            "broadcast": lambda: dist.broadcast(x, 0),
+            "allreduce": lambda x=x: dist.all_reduce(x),
+            "allgather": lambda g=gathered, p=part: dist.all_gather(g, p),
+            "broadcast": lambda x=x: dist.broadcast(x, 0),
         }
         for op in OPS:
             t = measure(runs[op], dist.barrier, iterations(nbytes))
