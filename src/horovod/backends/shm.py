@@ -126,6 +126,23 @@ class ShmBackend(Backend):
         # Below this many bytes (all ranks' data together) allreduce takes the one-barrier path.
         self.small_bytes = min(SMALL_ALLREDUCE_BYTES, self.seg.chunk // 2)
         self._flip = 0
+        # After a one-barrier (small) op, peers may still be reading slots: the next op that writes anywhere
+        # but the other half must first wait for them (every rank runs the same op sequence, so the flag
+        # agrees across ranks).
+        self._readers_pending = False
+
+    def _small_half(self, dtype) -> int:
+        """Element offset of the slot half this one-barrier op uses (alternates between calls)."""
+        base = (self._flip * (self.seg.chunk // 2)) // np.dtype(dtype).itemsize
+        self._flip ^= 1
+        self._readers_pending = True
+        return base
+
+    def _settle(self) -> None:
+        """Before an op that may overwrite any part of a slot: wait for readers of the last small op."""
+        if self._readers_pending:
+            self._readers_pending = False
+            self.comm.barrier()
 
     def _reduce_segment(self, lo: int, hi: int, dtype, op: ReduceOp, dst: np.ndarray) -> None:
         seg = self.seg
@@ -144,6 +161,7 @@ class ShmBackend(Backend):
         if total * dtype.itemsize * self.size <= self.small_bytes:
             self._small_allreduce(inputs, outputs, total, dtype, op, prescale, postscale)
             return
+        self._settle()
         per_chunk = self.seg.chunk // dtype.itemsize
         mine = self.seg.slot(self.rank, dtype)
         result = self.seg.result(dtype)
@@ -171,9 +189,7 @@ class ShmBackend(Backend):
         allreduce writes the half its slower peers are not reading; it cannot get two calls ahead, because
         the next call's barrier waits for them.
         """
-        half = self.seg.chunk // 2
-        base = (self._flip * half) // dtype.itemsize
-        self._flip ^= 1
+        base = self._small_half(dtype)
         slots = [self.seg.slot(r, dtype)[base:base + total] for r in range(self.size)]
         if len(inputs) == 1:
             scaled_copy(slots[self.rank], inputs[0], prescale)
@@ -198,8 +214,16 @@ class ShmBackend(Backend):
     # ------------------------------------------------------------- other collectives
     def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
         dtype = inp.dtype
-        per = self.seg.chunk // dtype.itemsize
         starts = offsets(counts)
+        if max(counts) * dtype.itemsize <= self.small_bytes:
+            base = self._small_half(dtype)
+            np.copyto(self.seg.slot(self.rank, dtype)[base:base + counts[self.rank]], inp)
+            self.comm.barrier()
+            for r in range(self.size):
+                np.copyto(out[starts[r]:starts[r] + counts[r]], self.seg.slot(r, dtype)[base:base + counts[r]])
+            return
+        self._settle()
+        per = self.seg.chunk // dtype.itemsize
         mine = self.seg.slot(self.rank, dtype)
         for base in range(0, max(counts), per):
             k = max(0, min(per, counts[self.rank] - base))
@@ -216,6 +240,16 @@ class ShmBackend(Backend):
         if self.size == 1:
             return
         dtype = buf.dtype
+        if buf.nbytes <= self.small_bytes:
+            base = self._small_half(dtype)
+            slot = self.seg.slot(root, dtype)[base:base + buf.size]
+            if self.rank == root:
+                np.copyto(slot, buf)
+            self.comm.barrier()
+            if self.rank != root:
+                np.copyto(buf, slot)
+            return
+        self._settle()
         per = self.seg.chunk // dtype.itemsize
         slot = self.seg.slot(root, dtype)
         for base in range(0, buf.size, per):
@@ -238,6 +272,7 @@ class ShmBackend(Backend):
         if per == 0:
             raise ValueError("HOROVOD_SHM_CHUNK_BYTES is too small for this many local ranks")
         sstarts, rstarts = offsets(send_counts), offsets(recv_counts)
+        self._settle()
         for base in range(0, max(max_count, 1), per):
             for dst in range(self.size):
                 k = max(0, min(per, send_counts[dst] - base))
@@ -256,6 +291,7 @@ class ShmBackend(Backend):
         dtype = inp.dtype
         per = self._region(0, 0, dtype).size
         starts = offsets(counts)
+        self._settle()
         for base in range(0, max(counts), per):
             for dst in range(self.size):
                 k = max(0, min(per, counts[dst] - base))
@@ -274,6 +310,7 @@ class ShmBackend(Backend):
             self.comm.barrier()
 
     def barrier(self) -> None:
+        self._readers_pending = False
         self.comm.barrier()
 
     def close(self) -> None:
