@@ -121,7 +121,7 @@ def _start(topo: topology.Topology, generation: int):
         backend.close()
         mesh.close()
 
-    engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, **knobs).start()
+    engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs).start()
     return engine, reason, backend.name
 
 

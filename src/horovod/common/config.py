@@ -97,9 +97,6 @@ _KNOBS = [
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),
-    Knob("HOROVOD_PEER_TIMEOUT_SECONDS", float, 5.0,
-         "A peer silent this long while an op waits on it (and whose host stops answering) is declared dead.",
-         ours=True),
 ]
 
 KNOBS = {k.name: k for k in _KNOBS}

@@ -77,7 +77,8 @@ class Engine:
     def __init__(self, rank: int, size: int, backend: Backend, control: Dict[int, socket.socket],
                  cache_capacity: int, fusion_threshold: int, cycle_time_ms: float,
                  disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None,
-                 spin_us: float = 0.0, affinity: Optional[int] = None) -> None:
+                 spin_us: float = 0.0, affinity: Optional[int] = None,
+                 hosts: Optional[List[str]] = None) -> None:
         self.rank = rank
         self.size = size
         self.backend = backend
@@ -88,6 +89,7 @@ class Engine:
                             if rank == 0 else None)
         self._on_close = on_close
         self.affinity = affinity
+        self.hosts = list(hosts) if hosts else ["localhost"] * size
         self._lock = threading.Lock()
         self._queue: collections.deque[Entry] = collections.deque()
         self._table: Dict[str, Entry] = {}
@@ -269,7 +271,7 @@ class Engine:
                 sock.sendall(frame)
             except OSError as exc:
                 if msg[0] != "S":
-                    raise PeerLostError(peer, "?", str(exc)) from None
+                    raise PeerLostError(peer, self._host_of(peer), str(exc)) from None
 
     def _recv_control(self, peer: int, sock: socket.socket) -> list:
         try:
@@ -278,10 +280,7 @@ class Engine:
             raise PeerLostError(peer, self._host_of(peer), str(exc) or "connection closed") from None
 
     def _host_of(self, peer: int) -> str:
-        comm = getattr(self.backend, "comm", None) or getattr(getattr(self.backend, "flat", None), "comm", None)
-        if comm is not None and peer < len(comm.hosts):
-            return comm.hosts[peer]
-        return "?"
+        return self.hosts[peer] if 0 <= peer < len(self.hosts) else "?"
 
     # --- worker (rank != 0)
     def _worker_loop(self) -> None:
