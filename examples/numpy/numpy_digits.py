@@ -83,7 +83,7 @@ def main() -> None:
     if rank == 0:
         from tqdm import tqdm
 
-        progress = tqdm(progress, desc="epochs", unit="epoch")
+        progress = tqdm(progress, desc="epochs", unit="epoch", mininterval=0.5)
     for epoch in progress:
         order = rng.permutation(len(x_shard))
         losses = []
@@ -98,7 +98,7 @@ def main() -> None:
             losses.append(loss)
         mean_loss = float(hvd.allreduce(np.array([np.mean(losses)], np.float64), name="loss")[0])
         if rank == 0:
-            progress.set_postfix(loss=f"{mean_loss:.4f}")
+            progress.set_postfix(loss=f"{mean_loss:.4f}", refresh=False)
             os.makedirs(os.path.dirname(args.checkpoint) or ".", exist_ok=True)
             np.savez(args.checkpoint, *params, epoch=epoch)
 

@@ -73,3 +73,16 @@ def test_missing_program_is_a_start_error():
     bad = WorkerSpec(0, "localhost", ["/no/such/program"], {}, "/no/such/program")
     with pytest.raises(process.WorkerStartError, match="Could not start rank 0 on localhost"):
         run_workers([bad], stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_split_lines_ends_lines_at_carriage_returns_too():
+    import os
+
+    from horovod.runner.process import split_lines
+
+    r, w = os.pipe()
+    os.write(w, b"a\nb\r\nprog 1\rprog 2\rtail\r")
+    os.write(w, b"\nlast")          # the \r\n straddles two reads: still one line
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        assert list(split_lines(pipe)) == [b"a\n", b"b\r\n", b"prog 1\r", b"prog 2\r", b"tail\r\n", b"last"]

@@ -16,12 +16,13 @@ import dataclasses
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Deque, Dict, List, Optional, Sequence
+from typing import IO, Deque, Dict, Iterator, List, Optional, Sequence
 
 log = logging.getLogger("horovod.runner")
 
@@ -113,6 +114,33 @@ class JobInterruptedError(RuntimeError):
 
 class WorkerStartError(RuntimeError):
     """A rank's process could not be started (command not found, bad working directory, ...)."""
+
+
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")
+
+
+def split_lines(pipe: IO[bytes], chunk: int = 65536) -> Iterator[bytes]:
+    """Raw lines of a pipe as they arrive, ending at ``\n``, ``\r\n`` *or* a lone ``\r`` (terminator kept).
+
+    A lone carriage return ends a line too, so progress bars (tqdm) show up live, one prefixed line per update,
+    instead of as one enormous line when the rank exits.
+    """
+    pending = b""
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, chunk)
+        if not data:
+            break
+        pending += data
+        end = 0
+        for match in _LINE.finditer(pending):
+            if match.end() == len(pending) and pending.endswith(b"\r"):
+                break                       # maybe the first half of \r\n: wait for the next read
+            yield match.group()
+            end = match.end()
+        pending = pending[end:]
+    if pending:
+        yield pending
 
 
 def pad_rank(rank: int, size: int) -> str:
@@ -219,11 +247,11 @@ class _Worker:
 
     def _pump(self, pipe: IO[bytes], stream: str, copy: Optional[IO[bytes]]) -> None:
         try:
-            for line in iter(pipe.readline, b""):
-                shown = self._sink.write(self.spec.rank, stream, line)
+            for raw in split_lines(pipe):
+                shown = self._sink.write(self.spec.rank, stream, raw.rstrip(b"\r\n") + b"\n")
                 self.tail.append(shown.rstrip("\n"))
                 if copy is not None:
-                    copy.write(line)
+                    copy.write(raw)
                     copy.flush()
         except (OSError, ValueError):
             pass
