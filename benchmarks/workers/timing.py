@@ -36,6 +36,20 @@ def measure(run: Callable[[], None], barrier: Callable[[], None], n: int, repeat
     return samples[len(samples) // 2]
 
 
+def sweep(peer: str, sizes, make_runs: Callable[[int], Dict[str, Callable[[], None]]],
+          barrier: Callable[[], None], rank: int, size: int) -> Dict:
+    """Time every op at every size with the same loop for every peer; rank 0 prints a line per size."""
+    rows: Dict = {"peer": peer, "size": size, "results": {}}
+    for nbytes in sizes:
+        runs = make_runs(nbytes)
+        for op in OPS:
+            rows["results"].setdefault(op, {})[str(nbytes)] = measure(runs[op], barrier, iterations(nbytes))
+        if rank == 0:
+            print(f"{peer:<10} {nbytes:>10d} B  " + "  ".join(
+                f"{op} {rows['results'][op][str(nbytes)] * 1e6:9.1f} us" for op in OPS), flush=True)
+    return rows
+
+
 def resnet18_shapes() -> List[tuple]:
     """ResNet-18's trainable parameter shapes without the three downsample branches: 53 tensors, 46 MB."""
     shapes = [(64, 3, 7, 7), (64,), (64,)]

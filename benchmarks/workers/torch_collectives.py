@@ -6,30 +6,25 @@ import sys
 import torch
 import torch.distributed as dist
 
-from benchmarks.workers.timing import OPS, SIZES, iterations, measure, resnet18_shapes, write
+from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
 
 
 def main(out: str, sizes) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     n, rank = dist.get_world_size(), dist.get_rank()
-    rows = {"peer": "torch-gloo", "size": n, "results": {}}
-    for nbytes in sizes:
+    def make_runs(nbytes: int):
         count = max(1, nbytes // 4)
         x = torch.ones(count)
         part = torch.ones(max(1, count // n))
         gathered = [torch.empty_like(part) for _ in range(n)]
-        runs = {
-            "allreduce": lambda x=x: dist.all_reduce(x),
-            "allgather": lambda g=gathered, p=part: dist.all_gather(g, p),
-            "broadcast": lambda x=x: dist.broadcast(x, 0),
+        return {
+            "allreduce": lambda: dist.all_reduce(x),
+            "allgather": lambda: dist.all_gather(gathered, part),
+            "broadcast": lambda: dist.broadcast(x, 0),
         }
-        for op in OPS:
-            t = measure(runs[op], dist.barrier, iterations(nbytes))
-            rows["results"].setdefault(op, {})[str(nbytes)] = t
-        if rank == 0:
-            print(f"gloo    {nbytes:>10d} B  " + "  ".join(f"{op} {rows['results'][op][str(nbytes)] * 1e6:9.1f} us"
-                                                           for op in OPS), flush=True)
+
+    rows = sweep("torch-gloo", sizes, make_runs, dist.barrier, rank, n)
     grads = [torch.ones(s) for s in resnet18_shapes()]
 
     def step() -> None:
