@@ -69,8 +69,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def alltoallv(self, inp: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
-                  recv_counts: Sequence[int]) -> None:
-        """Send ``send_counts[j]`` consecutive elements to rank j; receive ``recv_counts[i]`` from rank i."""
+                  recv_counts: Sequence[int], max_count: int = 0) -> None:
+        """Send ``send_counts[j]`` consecutive elements to rank j; receive ``recv_counts[i]`` from rank i.
+
+        ``max_count`` is the largest count any pair of ranks exchanges (the same on every rank), for backends
+        that move data in rounds.
+        """
 
     @abc.abstractmethod
     def reducescatter(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int], op: ReduceOp) -> None:

@@ -26,7 +26,7 @@ class LocalBackend(Backend):
     def broadcast(self, buf: np.ndarray, root: int) -> None:
         return None
 
-    def alltoallv(self, inp, send_counts, out, recv_counts) -> None:
+    def alltoallv(self, inp, send_counts, out, recv_counts, max_count: int = 0) -> None:
         np.copyto(out, inp)
 
     def reducescatter(self, inp, out, counts, op) -> None:

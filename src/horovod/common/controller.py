@@ -152,7 +152,7 @@ class Coordinator:
                 names = [name]
             unit = responses if not group else []
             for member in names:
-                del self._ready[member]
+                self._ready.pop(member, None)      # members held by an earlier call already left the order
                 requests = self._pending.pop(member).requests
                 cache_id = self.cache.lookup(member) if self.cache.enabled else None
                 if cache_id is not None and self._matches_cache(cache_id, requests):

@@ -44,6 +44,7 @@ DUPLICATE_NAME_MESSAGE = (
     "first one to finish."
 )
 IDLE_WAKE_SECONDS = 1.0
+ABORT_REASON_WAIT_SECONDS = 0.5
 SHUTDOWN_WAIT_SECONDS = 5.0
 
 
@@ -172,7 +173,7 @@ class Engine:
             else:
                 self._worker_loop()
         except PeerLostError as exc:
-            self._abort(str(exc))
+            self._abort(self._root_cause(str(exc)))
         except HorovodInternalError as exc:
             self._abort(str(exc))
         except Exception as exc:
@@ -235,7 +236,7 @@ class Engine:
             if self._stop and shutdown_reason is None:
                 shutdown_reason = "rank 0 called hvd.shutdown()"
             if shutdown_reason is not None:
-                self._broadcast(["S", shutdown_reason])
+                self._broadcast(["S", shutdown_reason], best_effort=True)
                 self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
                 return
             timeout: Optional[float] = IDLE_WAKE_SECONDS
@@ -262,15 +263,18 @@ class Engine:
                 elif kind == "X":
                     shutdown_reason = f"rank {peer} called hvd.shutdown()"
                     selector.unregister(key.fileobj)
+                elif kind == "A":
+                    raise HorovodInternalError(msg[1])
 
-    def _broadcast(self, msg: list) -> None:
+    def _broadcast(self, msg: list, best_effort: bool = False) -> None:
+        """Send ``msg`` to every worker; with ``best_effort`` (shutdown, abort) skip peers that are gone."""
         payload = wire.pack(msg)
         frame = len(payload).to_bytes(4, "little") + payload
         for peer, sock in self.control.items():
             try:
                 sock.sendall(frame)
             except OSError as exc:
-                if msg[0] != "S":
+                if not best_effort:
                     raise PeerLostError(peer, self._host_of(peer), str(exc)) from None
 
     def _recv_control(self, peer: int, sock: socket.socket) -> list:
@@ -291,7 +295,13 @@ class Engine:
         stop_sent_at = None
         while True:
             if self._stop and stop_sent_at is None:
-                self._send_control(sock, ["X"])
+                try:
+                    with self._send_lock:
+                        wire.send_msg(sock, ["X"])
+                except OSError:
+                    # The coordinator already closed (it shut down first): nothing left to tell it.
+                    self._fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+                    return
                 stop_sent_at = time.monotonic()
             timeout = IDLE_WAKE_SECONDS
             if stop_sent_at is not None:
@@ -365,6 +375,19 @@ class Engine:
     def _execute(self, batch: List[TensorResponse]) -> None:
         with self._lock:
             entries = [self._table.pop(r.name, None) for r in batch]
+        try:
+            self._run_batch(batch, entries)
+        except BaseException as exc:
+            # These entries already left the table, so the abort that follows cannot reach them: fail them here.
+            error = HorovodInternalError(str(exc) if isinstance(exc, (PeerLostError, HorovodInternalError)) else
+                                         f"{RequestType(batch[0].rtype).name} of tensor '{batch[0].name}' failed "
+                                         f"on rank {self.rank}: {type(exc).__name__}: {exc}")
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.set_error(error)
+            raise
+
+    def _run_batch(self, batch: List[TensorResponse], entries: List[Optional[Entry]]) -> None:
         first = batch[0]
         rtype = first.rtype
         backend = self.backend
@@ -448,13 +471,43 @@ class Engine:
         for entry in entries:
             entry.handle.set_error(HorovodInternalError(str(error)))
 
+    def _root_cause(self, own: str) -> str:
+        """The reason to report for a lost peer: an abort message already on its way wins over our own view.
+
+        When one rank dies, the ranks that notice first abort and close their sockets, so others may see *those*
+        ranks' sockets close and would blame the wrong rank. Every aborting rank sends its reason on the control
+        channel before closing, so we listen there briefly for a better-informed reason.
+        """
+        socks = dict(self.control)
+        deadline = time.monotonic() + ABORT_REASON_WAIT_SECONDS
+        selector = selectors.DefaultSelector()
+        try:
+            for peer, sock in socks.items():
+                selector.register(sock, selectors.EVENT_READ, peer)
+            while socks and time.monotonic() < deadline:
+                for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+                    try:
+                        msg = wire.recv_msg(key.fileobj)
+                    except (OSError, ValueError, wire.PeerClosedError):
+                        selector.unregister(key.fileobj)
+                        socks.pop(key.data, None)
+                        continue
+                    if msg and msg[0] == "A":
+                        return msg[1]
+        finally:
+            selector.close()
+        return own
+
     def _abort(self, reason: str) -> None:
         log.error("rank %d: %s", self.rank, reason)
-        if self.coordinator is not None:
-            try:
-                self._broadcast(["A", reason])
-            except Exception:
-                pass
+        try:
+            if self.coordinator is not None:
+                self._broadcast(["A", reason], best_effort=True)
+            elif 0 in self.control:
+                with self._send_lock:
+                    wire.send_msg(self.control[0], ["A", reason])
+        except Exception:
+            pass
         self._fail_all(HorovodInternalError(reason))
 
     def _close(self) -> None:

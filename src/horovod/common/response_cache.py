@@ -40,7 +40,7 @@ class ResponseCache:
         return self._by_name.get(name)
 
     def get(self, cache_id: int) -> TensorResponse:
-        response = self._by_id[cache_id]
+        response = self._by_id[cache_id] if 0 <= cache_id < len(self._by_id) else None
         if response is None:
             raise KeyError(f"response cache id {cache_id} is not in use; the ranks' caches diverged")
         return response

@@ -10,7 +10,7 @@ import dataclasses
 import os
 import re
 import socket
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,10 @@ def _int(env: dict, name: str) -> Optional[int]:
     value = env.get(name)
     if value is None or value == "":
         return None
-    return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer; check the launcher's environment.") from None
 
 
 class Detector:
@@ -129,22 +132,25 @@ class Slurm(Detector):
         rank = _int(env, "SLURM_PROCID")
         size = _int(env, "SLURM_NTASKS") or _int(env, "SLURM_NPROCS")
         local_rank = _int(env, "SLURM_LOCALID") or 0
-        local_size = _tasks_on_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""),
-                                    _int(env, "SLURM_NODEID") or 0)
-        if local_size is None:
-            local_size = size
-        return _with_cross(rank, size, local_rank, local_size, _int(env, "SLURM_NODEID"), self.name)
+        node_id = _int(env, "SLURM_NODEID") or 0
+        counts = _tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""))
+        if counts is None or node_id >= len(counts):
+            return _with_cross(rank, size, local_rank, size, node_id, self.name)
+        # Cross ranks connect the ranks with the same local rank: the nodes running at least local_rank + 1 tasks.
+        nodes_with_slot = [n for n, count in enumerate(counts) if count > local_rank]
+        return Topology(rank, size, local_rank, counts[node_id], nodes_with_slot.index(node_id),
+                        len(nodes_with_slot), socket.gethostname(), self.name)
 
 
-def _tasks_on_node(spec: str, node_id: int) -> Optional[int]:
-    """Expand Slurm's compressed ``2(x3),1`` tasks-per-node list and return node ``node_id``'s count."""
-    counts = []
+def _tasks_per_node(spec: str) -> Optional[List[int]]:
+    """Expand Slurm's compressed ``2(x3),1`` tasks-per-node list to ``[2, 2, 2, 1]`` (None if unparsable)."""
+    counts: List[int] = []
     for part in filter(None, spec.split(",")):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not match:
             return None
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts[node_id] if node_id < len(counts) else None
+    return counts or None
 
 
 def _with_cross(rank, size, local_rank, local_size, node_rank, source) -> Topology:
