@@ -1,0 +1,52 @@
+"""Run every size-agnostic body in tests/parallel at 1, 2, 3 and 4 ranks through the real launcher.
+
+The machine may have fewer cores than ranks (3 and 4 ranks oversubscribe a 2-core box), which also shakes
+out races in the data planes. Each job runs under a hard timeout that dumps every rank's stacks, and each test
+inside a rank has its own pytest-timeout so that a hang fails fast with a stack instead of eating the budget.
+"""
+import pytest
+
+from tests.support.launch import PARALLEL, run_parallel_tests
+
+pytestmark = pytest.mark.timeout(240)
+
+FILES = sorted(p.name for p in PARALLEL.glob("test_*.py"))
+JOB_TIMEOUT = 180
+PER_TEST_TIMEOUT = ["--timeout=20"]
+TWO_HOSTS = "localhost:2,127.0.0.1:2"      # two "hosts" on this machine: shm inside each, tcp between them
+EXPECT = "HVD_TEST_EXPECT_DATA_PLANE"      # test_allreduce.py checks that the job uses this data plane
+MAIN = ["test_allreduce.py", "test_allgather.py", "test_broadcast.py", "test_reducescatter.py", "test_alltoall.py"]
+
+
+def test_every_parallel_file_is_listed():
+    assert set(MAIN) <= set(FILES) and len(FILES) >= 7, FILES
+
+
+@pytest.mark.parametrize("test_file", FILES)
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_parallel(np_, test_file):
+    env = {EXPECT: "local" if np_ == 1 else "shm"}
+    run_parallel_tests(np_, test_file, env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
+
+
+@pytest.mark.parametrize("test_file", MAIN + ["test_join_barrier.py", "test_errors.py"])
+def test_parallel_hierarchical_two_hosts(test_file):
+    result = run_parallel_tests(4, test_file, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=JOB_TIMEOUT,
+                                pytest_args=PER_TEST_TIMEOUT)
+    assert "[3]<stdout>" in result.stdout
+
+
+@pytest.mark.parametrize("test_file", MAIN)
+def test_parallel_tcp_data_plane(test_file):
+    run_parallel_tests(3, test_file, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=JOB_TIMEOUT,
+                       pytest_args=PER_TEST_TIMEOUT)
+
+
+@pytest.mark.parametrize("env", [
+    {"HOROVOD_SHM_CHUNK_BYTES": "65536"},                       # many pipeline steps per collective
+    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"},
+    {"HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": "4"},
+    {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", EXPECT: "tcp"},   # the ring path, every size
+], ids=["small_shm_chunks", "no_fusion_no_cache", "group_fusion_off_tiny_cache", "tcp_ring_only"])
+def test_parallel_knob_variants(env):
+    run_parallel_tests(3, "test_allreduce.py", env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)

@@ -1,0 +1,119 @@
+"""Every HOROVOD_* knob: declared once, typed, with upstream's default; bad values name the variable."""
+import pytest
+
+from horovod.common import config
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in config.KNOBS:
+        monkeypatch.delenv(name, raising=False)
+
+
+UPSTREAM_DEFAULTS = {
+    "HOROVOD_FUSION_THRESHOLD": 128 * 1024 * 1024,
+    "HOROVOD_CYCLE_TIME": 1.0,
+    "HOROVOD_CACHE_CAPACITY": 1024,
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": False,
+    "HOROVOD_HIERARCHICAL_ALLGATHER": False,
+    "HOROVOD_TORUS_ALLREDUCE": False,
+    "HOROVOD_DISABLE_GROUP_FUSION": False,
+    "HOROVOD_AUTOTUNE": False,
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": 3,
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": 10,
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": 20,
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": 0.8,
+    "HOROVOD_TIMELINE_MARK_CYCLES": False,
+    "HOROVOD_STALL_CHECK_DISABLE": False,
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": 60.0,
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": 0.0,
+    "HOROVOD_MPI_THREADS_DISABLE": False,
+    "HOROVOD_NUM_NCCL_STREAMS": 1,
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": 30.0,
+    "HOROVOD_ELASTIC": False,
+    "HOROVOD_DYNAMIC_PROCESS_SETS": False,
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": False,
+    "HOROVOD_ENABLE_XLA_OPS": False,
+    "HOROVOD_BATCH_D2D_MEMCOPIES": True,
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": 1 << 30,
+    "HOROVOD_LOG_LEVEL": "WARNING",
+    "HOROVOD_LOG_HIDE_TIME": False,
+    "HOROVOD_START_TIMEOUT": 30.0,
+    "HOROVOD_ELASTIC_TIMEOUT": 600.0,
+}
+
+
+@pytest.mark.parametrize("name,default", list(UPSTREAM_DEFAULTS.items()))
+def test_upstream_defaults(name, default):
+    assert config.get(name) == default
+    assert type(config.get(name)) is type(default)
+
+
+def test_unset_string_knobs_are_empty():
+    for name in ("HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE_LOG", "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+                 "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "HOROVOD_THREAD_AFFINITY"):
+        assert config.get(name) == ""
+    assert config.get("HOROVOD_GLOO_RENDEZVOUS_PORT") == 0
+
+
+def test_our_knobs_are_marked_and_documented():
+    ours = {k.name for k in config.KNOBS.values() if k.ours}
+    assert {"HOROVOD_SHM_CHUNK_BYTES", "HOROVOD_TCP_SMALL_BYTES", "HOROVOD_SPIN_MICROSECONDS"} <= ours
+    assert not ours & set(UPSTREAM_DEFAULTS)
+    assert config.get("HOROVOD_SHM_CHUNK_BYTES") == 4 * 1024 * 1024
+    assert config.get("HOROVOD_TCP_SMALL_BYTES") == 64 * 1024
+    for knob in config.KNOBS.values():
+        assert knob.name.startswith("HOROVOD_") and knob.doc
+
+
+def test_every_knob_default_parses_from_its_own_text():
+    for knob in config.KNOBS.values():
+        if isinstance(knob.default, bool):
+            assert knob.parse("1" if knob.default else "0") is knob.default
+        elif knob.default not in ("", None):
+            assert knob.parse(str(knob.default)) == knob.default, knob.name
+
+
+def test_values_are_typed(monkeypatch):
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "4194304")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "0")
+    monkeypatch.setenv("HOROVOD_CPU_OPERATIONS", "tcp")
+    monkeypatch.setenv("HOROVOD_LOG_LEVEL", "debug")
+    assert config.get("HOROVOD_FUSION_THRESHOLD") == 4194304
+    assert config.get("HOROVOD_CYCLE_TIME") == 2.5
+    assert config.get("HOROVOD_CACHE_CAPACITY") == 0
+    assert config.get("HOROVOD_CPU_OPERATIONS") == "TCP"
+    assert config.get("HOROVOD_LOG_LEVEL") == "DEBUG"
+
+
+@pytest.mark.parametrize("text,value", [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False),
+                                        ("false", False), ("No", False), ("off", False)])
+def test_booleans(monkeypatch, text, value):
+    monkeypatch.setenv("HOROVOD_AUTOTUNE", text)
+    assert config.get("HOROVOD_AUTOTUNE") is value
+
+
+def test_empty_value_means_default(monkeypatch):
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "")
+    assert config.get("HOROVOD_CYCLE_TIME") == 1.0
+    assert not config.is_set("HOROVOD_CYCLE_TIME")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3")
+    assert config.is_set("HOROVOD_CYCLE_TIME")
+
+
+@pytest.mark.parametrize("name,bad", [("HOROVOD_FUSION_THRESHOLD", "64MB"), ("HOROVOD_CYCLE_TIME", "fast"),
+                                      ("HOROVOD_CACHE_CAPACITY", "1.5"), ("HOROVOD_AUTOTUNE", "maybe"),
+                                      ("HOROVOD_SHM_CHUNK_BYTES", "big"), ("HOROVOD_START_TIMEOUT", "soon")])
+def test_invalid_value_names_the_variable(monkeypatch, name, bad):
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError) as info:
+        config.get(name)
+    assert name in str(info.value) and bad in str(info.value)
+
+
+def test_unknown_knob_is_a_programming_error():
+    with pytest.raises(KeyError):
+        config.get("HOROVOD_NO_SUCH_KNOB")
+    with pytest.raises(KeyError):
+        config.is_set("HOROVOD_NO_SUCH_KNOB")
