@@ -130,19 +130,20 @@ class Engine:
                 names.add(name)
             for entry in entries:
                 self._table[entry.name] = entry
-            if self.coordinator is None:
-                # A worker forwards requests to the coordinator from the calling thread: no engine wake-up on
-                # the critical path. A send failure means the coordinator is gone; the engine thread sees the
-                # closed socket and fails every entry, these included.
-                try:
-                    self._send_control(self.control[0], ["R", [e.request for e in entries]])
-                except PeerLostError:
-                    log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
+            if self.coordinator is not None:
+                self._queue.extend(entries)
+                if self._sleeping:
+                    self._sleeping = False
+                    self._wake()
                 return
-            self._queue.extend(entries)
-            if self._sleeping:
-                self._sleeping = False
-                self._wake()
+        # A worker forwards requests to the coordinator from the calling thread: no engine wake-up on the
+        # critical path. The send happens outside the table lock, so that a full socket buffer can never block
+        # the engine thread (which needs the lock to execute). A send failure means the coordinator is gone:
+        # the engine thread sees the closed socket and fails every entry, these included.
+        try:
+            self._send_control(self.control[0], ["R", [e.request for e in entries]])
+        except PeerLostError:
+            log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
 
     def _wake(self) -> None:
         try:
