@@ -8,7 +8,7 @@ other ranks (shapes, dtypes, roots agreeing) is checked by the coordinator.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Union
 
 import cloudpickle
 import numpy as np
@@ -21,6 +21,7 @@ from horovod.common.process_sets import ProcessSet, check_global
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
+Allocators = Union[Allocator, Sequence[Allocator], None]
 _counter = itertools.count()
 
 
@@ -58,6 +59,16 @@ def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
 
 def _engine():
     return basics.engine()
+
+
+def _per_tensor(allocate: Allocators, n: int) -> List[Optional[Allocator]]:
+    """One allocator per tensor of a grouped op (a single callable is shared)."""
+    if allocate is None or callable(allocate):
+        return [allocate] * n
+    allocate = list(allocate)
+    if len(allocate) != n:
+        raise ValueError(f"expected {n} allocators, got {len(allocate)}")
+    return allocate
 
 
 def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, name: Optional[str] = None,
@@ -119,7 +130,7 @@ def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Op
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
-                            allocate: Optional[Allocator] = None,
+                            allocate: Allocators = None,
                             process_set: Optional[ProcessSet] = None) -> Handle:
     """Allgather each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine()
@@ -129,12 +140,12 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] =
     n = len(tensors)
     handle = Handle(base, parts=n)
     entries = []
-    for i, t in enumerate(tensors):
+    for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
         dtype = check_array(t)
         if t.ndim == 0:
             raise ValueError("allgather needs tensors with at least one dimension.")
         request = make_request(f"{base}_{i}of{n}", RequestType.ALLGATHER, dtype, t.shape, group=base, group_size=n)
-        entries.append(Entry(request, t, None, handle, index=i, allocate=allocate))
+        entries.append(Entry(request, t, None, handle, index=i, allocate=alloc))
     engine.enqueue(entries)
     return handle
 
@@ -203,7 +214,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
 
 def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
                                 op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0, allocate: Optional[Allocator] = None,
+                                postscale_factor: float = 1.0, allocate: Allocators = None,
                                 process_set: Optional[ProcessSet] = None) -> Handle:
     """Reducescatter each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine()
@@ -216,13 +227,13 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
         raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
     handle = Handle(base, parts=n)
     entries = []
-    for i, t in enumerate(tensors):
+    for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
         dtype = check_array(t)
         if t.ndim == 0:
             raise ValueError("reducescatter needs tensors with at least one dimension.")
         request = make_request(f"{base}_{i}of{n}", RequestType.REDUCESCATTER, dtype, t.shape, op, prescale_factor,
                                postscale_factor, group=base, group_size=n)
-        entries.append(Entry(request, t, None, handle, index=i, allocate=allocate))
+        entries.append(Entry(request, t, None, handle, index=i, allocate=alloc))
     engine.enqueue(entries)
     return handle
 

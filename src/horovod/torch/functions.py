@@ -1,0 +1,119 @@
+"""Broadcast helpers for model parameters, optimizer state and Python objects (upstream's ``functions.py``)."""
+from __future__ import annotations
+
+import collections
+from typing import Any, Iterable, List, Optional, Union
+
+import torch
+
+from horovod.common import ops
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.torch.mpi_ops import broadcast_async_, rank, synchronize
+
+
+def broadcast_parameters(params: Union[dict, Iterable], root_rank: int,
+                         process_set: ProcessSet = global_process_set) -> None:
+    """Broadcast ``params`` in place from ``root_rank``: a ``state_dict()``, or tensors / (name, tensor) pairs.
+
+    Dicts are broadcast in sorted key order so that every rank issues the same names in the same order.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list) or isinstance(params, tuple) or hasattr(params, "__iter__"):
+        items = list(params)
+        if items and not isinstance(items[0], tuple):
+            items = [(f"param.{i}", p) for i, p in enumerate(items)]
+    else:
+        raise ValueError(f"invalid params of type {type(params).__name__}: pass a dict or a list of tensors")
+    handles = []
+    for name, p in items:
+        if p is None:
+            continue
+        if not torch.is_tensor(p):
+            raise ValueError(f"parameter {name!r} is a {type(p).__name__}, not a tensor")
+        if p.is_sparse:
+            raise ValueError(f"parameter {name!r} is sparse; broadcast its dense form instead")
+        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank,
+                                        name=f"broadcast_parameters.{name}", process_set=process_set))
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Optional[torch.nn.Module] = None,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Broadcast an optimizer's state (tensors and scalar options such as lr) from ``root_rank``.
+
+    Optimizers whose state is still empty get it materialised first, by a zero-gradient step of the
+    underlying optimizer, so that every rank has the same state tensors to receive into.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    inner = getattr(optimizer, "_horovod_inner_step", None)
+    state_dict = optimizer.state_dict()
+    if len(state_dict["state"]) == 0:
+        saved = []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in {id(q) for q, _ in saved}:
+                    saved.append((p, p.grad))
+                    p.grad = torch.zeros_like(p)
+        # A zero-gradient step materialises the state; parameters must not move, so save and restore them.
+        values = [p.detach().clone() for p, _ in saved]
+        if inner is not None:
+            inner()
+        else:
+            optimizer.step()
+        with torch.no_grad():
+            for (p, grad), value in zip(saved, values):
+                p.copy_(value)
+                p.grad = grad
+        state_dict = optimizer.state_dict()
+
+    # Scalar options (lr, momentum, betas, ...) go as one object; tensors are broadcast in place.
+    options = [{k: v for k, v in group.items() if k != "params"} for group in state_dict["param_groups"]]
+    options = broadcast_object(options, root_rank, name="broadcast_optimizer_state.options",
+                               process_set=process_set)
+    for group, opts in zip(optimizer.param_groups, options):
+        for key, value in opts.items():
+            group[key] = value
+
+    tensors = []
+    scalars = collections.OrderedDict()
+    for pid in sorted(state_dict["state"]):
+        for key, value in sorted(state_dict["state"][pid].items()):
+            if torch.is_tensor(value):
+                tensors.append((f"{pid}.{key}", value))
+            else:
+                scalars[f"{pid}.{key}"] = value
+    broadcast_parameters(tensors, root_rank, process_set=process_set)
+    scalars = broadcast_object(scalars, root_rank, name="broadcast_optimizer_state.scalars", process_set=process_set)
+    params = _params_by_state_id(optimizer)
+    for full_key, value in scalars.items():
+        pid, key = full_key.split(".", 1)
+        param = params.get(int(pid))
+        if param is not None and param in optimizer.state:
+            optimizer.state[param][key] = value
+
+
+def _params_by_state_id(optimizer: torch.optim.Optimizer) -> dict:
+    """state_dict's integer parameter ids -> parameter tensors (the order torch uses)."""
+    ids, index = {}, 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            ids[index] = p
+            index += 1
+    return ids
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Send a picklable object from ``root_rank`` to every rank (cloudpickle between authenticated peers)."""
+    return ops.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
+    """Gather one picklable object from every rank, as a list indexed by rank."""
+    return ops.allgather_object(obj, name)
+
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object", "rank"]

@@ -1,0 +1,303 @@
+"""``DistributedOptimizer``: allreduce every gradient while backward is still running, then step.
+
+The wrapper is a dynamic subclass of the user's optimizer class (upstream's design), so ``isinstance`` checks,
+``param_groups`` and learning-rate schedulers keep working. A hook on each parameter starts that gradient's
+allreduce as soon as autograd has accumulated it, so communication overlaps the rest of backward; ``step()``
+waits for the outstanding allreduces, writes the averaged gradients back and steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.util import split_list
+from horovod.torch.compression import Compression
+from horovod.torch.mpi_ops import (
+    Adasum,
+    Average,
+    Sum,
+    allreduce_async_,
+    grouped_allreduce_async_,
+    size,
+    sparse_allreduce_async,
+    synchronize,
+)
+
+log = logging.getLogger("horovod.torch")
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
+                 gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
+                                for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
+                             "by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        duplicates = sorted({k for k in names if names.count(k) > 1})
+        if duplicates:
+            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {duplicates}")
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = [p for p in all_params if id(p) not in named_ids]
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                             "Python object ids: " + ", ".join(str(id(p)) for p in unnamed))
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in sorted(named_parameters,
+                                                                                  key=lambda kv: kv[0])}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles: Dict[torch.Tensor, Tuple[Optional[int], object]] = {}
+        self._hook_handles: List = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = self._build_groups(groups, all_params)
+        self._group_of = {p: i for i, group in enumerate(self._groups or []) for p in group}
+        self._group_ready: Dict[int, set] = {}
+        if process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+            self._register_hooks()
+
+    # ----------------------------------------------------------------- set-up
+    def _build_groups(self, groups, all_params) -> Optional[List[List[torch.Tensor]]]:
+        if groups is None or groups == 0:
+            return None
+        trainable = [p for p in all_params if p.requires_grad]
+        if isinstance(groups, int):
+            if groups < 0:
+                raise ValueError("groups must be a non-negative integer or a list of lists of parameters")
+            return [g for g in split_list(trainable, groups) if g]
+        out = []
+        seen = set()
+        for group in groups:
+            group = list(group)
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must be a list of lists of torch.Tensor (parameters)")
+                if id(p) in seen:
+                    raise ValueError("a parameter appears in more than one group")
+                seen.add(id(p))
+            out.append(group)
+        return out
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate locally before gradients are allreduced."""
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _register_hooks(self) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    # ----------------------------------------------------------------- allreduce
+    def _scale_factors(self) -> Tuple[float, float]:
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p: torch.Tensor):
+        if p.grad is None:
+            # A parameter that got no gradient on this rank still takes part, so that no rank waits for it.
+            p.grad = torch.zeros_like(p)
+        name = self._parameter_names.get(p)
+        tensor = p.grad
+        if tensor.is_sparse:
+            if self.sparse_as_dense:
+                tensor = tensor.to_dense()
+            else:
+                return self._sparse_allreduce_grad_async(p, name)
+        compressed, ctx = self._compression.compress(tensor)
+        prescale, postscale = self._scale_factors()
+        handle = allreduce_async_(compressed, name=name, op=self.op, prescale_factor=prescale,
+                                  postscale_factor=postscale, process_set=self.process_set)
+        return handle, (ctx, compressed, tensor)
+
+    def _sparse_allreduce_grad_async(self, p: torch.Tensor, name: str):
+        result = sparse_allreduce_async(p.grad, name=name, op=self.op, process_set=self.process_set)
+        return result, "sparse"
+
+    def _grouped_allreduce_async(self, group_index: int):
+        params = self._groups[group_index]
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grad = p.grad.to_dense() if (p.grad.is_sparse and self.sparse_as_dense) else p.grad
+            if grad.is_sparse:
+                raise ValueError("sparse gradients in groups need sparse_as_dense=True")
+            grads.append(grad)
+        compressed = [self._compression.compress(g) for g in grads]
+        prescale, postscale = self._scale_factors()
+        handle = grouped_allreduce_async_([c[0] for c in compressed], name=f"grouped.{group_index}", op=self.op,
+                                          prescale_factor=prescale, postscale_factor=postscale,
+                                          process_set=self.process_set)
+        return handle, [(c[1], c[0], g) for c, g in zip(compressed, grads)]
+
+    def _make_hook(self, p: torch.Tensor):
+        def hook(*_ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                        "Increase backward_passes_per_step to accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                group_index = self._group_of.get(p)
+                if group_index is None:
+                    handle, ctx = self._allreduce_grad_async(p)
+                else:
+                    ready = self._group_ready.setdefault(group_index, set())
+                    ready.add(p)
+                    if len(ready) == len(self._groups[group_index]):
+                        handle, ctx = self._grouped_allreduce_async(group_index)
+                        for q in self._groups[group_index]:
+                            self._handles[q] = (handle, ctx)
+                        del self._group_ready[group_index]
+                        return
+            self._handles[p] = (handle, ctx)
+
+        return hook
+
+    # ----------------------------------------------------------------- step
+    def synchronize(self) -> None:
+        """Wait for every outstanding gradient allreduce and write the results into ``p.grad``."""
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        # Parameters whose hook never fired (no gradient on this rank, or fewer passes than configured).
+        for p in self._requires_update - set(self._handles):
+            self._handles[p] = (None, None)
+        pending_groups = set()
+        for p, (handle, _ctx) in list(self._handles.items()):
+            if handle is not None:
+                continue
+            group_index = self._group_of.get(p)
+            if group_index is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+            else:
+                pending_groups.add(group_index)
+        for group_index in sorted(pending_groups):
+            handle, ctx = self._grouped_allreduce_async(group_index)
+            for q in self._groups[group_index]:
+                self._handles[q] = (handle, ctx)
+            self._group_ready.pop(group_index, None)
+
+        results = {}
+        for p, (handle, ctx) in self._handles.items():
+            if ctx == "sparse":
+                p.grad = handle()
+            elif isinstance(ctx, list):                     # a group: one handle, one ctx per member
+                if handle not in results:
+                    results[handle] = synchronize(handle)
+                group = self._groups[self._group_of[p]]
+                index = group.index(p)
+                self._write_back(p, results[handle][index], *ctx[index])
+            else:
+                output = synchronize(handle)
+                self._write_back(p, output, *ctx)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        self._synchronized = True
+
+    def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx, compressed, original) -> None:
+        reduced = self._compression.decompress(output, ctx)
+        if p.grad is not original or reduced.data_ptr() != p.grad.data_ptr():
+            if p.grad.is_sparse:
+                p.grad = reduced
+            else:
+                p.grad.copy_(reduced.reshape(p.grad.shape))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this context ``step()`` does not synchronize (call ``synchronize()`` yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def _horovod_inner_step(self):
+        """Step the underlying optimizer without synchronizing (used to materialise empty state)."""
+        return super(self.__class__, self).step()
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can cause "
+                                 "a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        result = super(self.__class__, self).load_state_dict(*args, **kwargs)
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        return result
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+                         compression=Compression.none, backward_passes_per_step: int = 1, op=Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                         sparse_as_dense: bool = False, process_set: ProcessSet = global_process_set):
+    """Wrap ``optimizer`` so that gradients are averaged across ranks before every step.
+
+    Arguments follow upstream Horovod: ``named_parameters`` (usually ``model.named_parameters()``) names the
+    allreduces; ``compression`` (``Compression.none``, ``.fp16``, ``.bf16``); ``backward_passes_per_step``
+    accumulates that many backward passes locally; ``op`` is Average or Sum; ``gradient_predivide_factor``
+    splits the averaging into a division before and after the sum; ``groups`` (an int, or lists of
+    parameters) allreduces parameters together; ``sparse_as_dense`` densifies sparse gradients.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        raise NotImplementedError("DistributedOptimizer with op=Adasum is not available in this release yet; "
+                                  "use op=Average.")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=Average and op=Sum.")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)
