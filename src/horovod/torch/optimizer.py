@@ -216,7 +216,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if handle not in results:
                     results[handle] = synchronize(handle)
                 group = self._groups[self._group_of[p]]
-                index = group.index(p)
+                index = next(i for i, q in enumerate(group) if q is p)     # identity: tensors compare elementwise
                 self._write_back(p, results[handle][index], *ctx[index])
             else:
                 output = synchronize(handle)

@@ -1,0 +1,207 @@
+"""Gradients of the differentiable horovod.torch collectives, checked against single-process autograd.
+
+Every rank builds every rank's input x_r and upstream weight w_r deterministically (seeded by rank). Each rank
+computes its distributed output y_r and backpropagates loss_r = sum(y_r * w_r). The reference is the same
+computation done in one process on all ranks' data:
+
+* allreduce, alltoall and reducescatter: the gradient each rank gets is d(sum_r loss_r)/dx_rank;
+* allgather and broadcast: upstream averages the gradient across ranks (contract 1.2), so the gradient each
+  rank gets is d(mean_r loss_r)/dx_rank (zero on non-root ranks for broadcast).
+"""
+import pytest
+import torch
+
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def ident(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def rand(seed, shape, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+
+
+def leaves(tensors):
+    return [t.clone().requires_grad_(True) for t in tensors]
+
+
+def tol(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+def check_grad(dist_x, ref_xs, rank, dtype):
+    assert dist_x.grad is not None, "no gradient reached the input"
+    assert dist_x.grad.dtype == dtype and dist_x.grad.shape == dist_x.shape
+    torch.testing.assert_close(dist_x.grad, ref_xs[rank].grad, **tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+@pytest.mark.parametrize("factors", [(1.0, 1.0), (0.5, 3.0)], ids=["plain", "scaled"])
+def test_allreduce_grad(dtype, op_name, factors):
+    rank, size = hvd.rank(), hvd.size()
+    op = getattr(hvd, op_name)
+    pre, post = factors
+    shape = (4, 3)
+    xs = [rand(100 + r, shape, dtype) for r in range(size)]
+    ws = [rand(200 + r, shape, dtype) for r in range(size)]
+
+    x = xs[rank].clone().requires_grad_(True)
+    y = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
+                      name=f"grad.ar.{op_name}.{ident(dtype)}.{pre}")
+    (y * ws[rank]).sum().backward()
+
+    ref_xs = leaves(xs)
+    ref_y = sum(ref_xs) * pre * post / (size if op == hvd.Average else 1)
+    torch.testing.assert_close(y.detach(), ref_y.detach(), **tol(dtype))
+    sum((ref_y * w).sum() for w in ws).backward()
+    check_grad(x, ref_xs, rank, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+def test_grouped_allreduce_grad(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    xs = [rand(300 + r, (5,), dtype) for r in range(size)]
+    ws = [rand(400 + r, (5,), dtype) for r in range(size)]
+    x = xs[rank].clone().requires_grad_(True)
+    ys = hvd.grouped_allreduce([x, x * 2], op=hvd.Sum, name=f"grad.gar.{ident(dtype)}")
+    (ys[0] * ws[rank] + ys[1]).sum().backward()
+    ref_xs = leaves(xs)
+    total = sum(ref_xs)
+    sum((total * w + total * 2).sum() for w in ws).backward()
+    check_grad(x, ref_xs, rank, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+def test_allgather_grad_uneven_rows(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    xs = [rand(500 + r, (r + 1, 3), dtype) for r in range(size)]
+    rows = size * (size + 1) // 2
+    ws = [rand(600 + r, (rows, 3), dtype) for r in range(size)]
+
+    x = xs[rank].clone().requires_grad_(True)
+    y = hvd.allgather(x, name=f"grad.ag.{ident(dtype)}")
+    (y * ws[rank]).sum().backward()
+
+    ref_xs = leaves(xs)
+    ref_y = torch.cat(ref_xs)
+    torch.testing.assert_close(y.detach(), ref_y.detach())
+    (sum((ref_y * w).sum() for w in ws) / size).backward()      # upstream: the gradient is averaged
+    check_grad(x, ref_xs, rank, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+def test_broadcast_grad(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    for root in sorted({0, size - 1}):
+        xs = [rand(700 + r, (3, 2), dtype) for r in range(size)]
+        ws = [rand(800 + r, (3, 2), dtype) for r in range(size)]
+
+        x = xs[rank].clone().requires_grad_(True)
+        y = hvd.broadcast(x, root, name=f"grad.bc.{ident(dtype)}.{root}")
+        (y * ws[rank]).sum().backward()
+
+        ref_xs = leaves(xs)
+        ref_y = ref_xs[root]
+        torch.testing.assert_close(y.detach(), ref_y.detach())
+        (sum((ref_y * w).sum() for w in ws) / size).backward()   # averaged, and kept only on the root
+        if rank != root:
+            assert ref_xs[rank].grad is None
+            torch.testing.assert_close(x.grad, torch.zeros_like(x))
+        else:
+            check_grad(x, ref_xs, rank, dtype)
+
+
+def a2a_splits(src, size):
+    return [(src + 2 * d) % 3 + (1 if d == src else 0) for d in range(size)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+@pytest.mark.parametrize("with_splits", [True, False], ids=["splits", "equal"])
+def test_alltoall_grad(dtype, with_splits):
+    rank, size = hvd.rank(), hvd.size()
+    if with_splits:
+        splits = [a2a_splits(s, size) for s in range(size)]
+    else:
+        splits = [[2] * size for _ in range(size)]
+    xs = [rand(900 + r, (sum(splits[r]), 3), dtype) for r in range(size)]
+    received = [[splits[s][r] for s in range(size)] for r in range(size)]
+    ws = [rand(1000 + r, (sum(received[r]), 3), dtype) for r in range(size)]
+
+    x = xs[rank].clone().requires_grad_(True)
+    name = f"grad.a2a.{ident(dtype)}.{with_splits}"
+    if with_splits:
+        y, got = hvd.alltoall(x, splits=splits[rank], name=name)
+        assert got.tolist() == received[rank]
+    else:
+        y = hvd.alltoall(x, name=name)
+    (y * ws[rank]).sum().backward()
+
+    ref_xs = leaves(xs)
+    chunks = [torch.split(ref_xs[s], splits[s]) for s in range(size)]
+    ref_ys = [torch.cat([chunks[s][r] for s in range(size)]) for r in range(size)]
+    torch.testing.assert_close(y.detach(), ref_ys[rank].detach())
+    sum((ref_ys[r] * ws[r]).sum() for r in range(size)).backward()
+    check_grad(x, ref_xs, rank, dtype)
+
+
+def rs_rows(n, size, r):
+    return n // size + (1 if r < n % size else 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+@pytest.mark.parametrize("factors", [(1.0, 1.0), (2.0, 0.25)], ids=["plain", "scaled"])
+def test_reducescatter_grad_uneven_rows(dtype, op_name, factors):
+    rank, size = hvd.rank(), hvd.size()
+    op = getattr(hvd, op_name)
+    pre, post = factors
+    n = 2 * size + 1                                   # rank 0 gets one extra row (size > 1)
+    counts = [rs_rows(n, size, r) for r in range(size)]
+    xs = [rand(1100 + r, (n, 2), dtype) for r in range(size)]
+    ws = [rand(1200 + r, (counts[r], 2), dtype) for r in range(size)]
+
+    x = xs[rank].clone().requires_grad_(True)
+    y = hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post,
+                          name=f"grad.rs.{op_name}.{ident(dtype)}.{pre}")
+    assert y.shape[0] == counts[rank]
+    (y * ws[rank]).sum().backward()
+
+    ref_xs = leaves(xs)
+    total = sum(ref_xs) * pre * post / (size if op == hvd.Average else 1)
+    ref_ys = torch.split(total, counts)
+    torch.testing.assert_close(y.detach(), ref_ys[rank].detach(), **tol(dtype))
+    sum((ref_ys[r] * ws[r]).sum() for r in range(size)).backward()
+    check_grad(x, ref_xs, rank, dtype)
+
+
+def test_gradient_flows_through_a_chain_of_collectives():
+    """allgather -> allreduce(Sum) -> reducescatter(Sum) in one graph, gradient vs single-process."""
+    rank, size = hvd.rank(), hvd.size()
+    xs = [rand(1300 + r, (2, 2), torch.float64) for r in range(size)]
+    ws = [rand(1400 + r, (2, 2), torch.float64) for r in range(size)]
+    x = xs[rank].clone().requires_grad_(True)
+    g = hvd.allgather(x, name="chain.ag")
+    s = hvd.allreduce(g * (rank + 1), op=hvd.Sum, name="chain.ar")
+    y = hvd.reducescatter(s, op=hvd.Sum, name="chain.rs")
+    (y * ws[rank]).sum().backward()
+
+    ref_xs = leaves(xs)
+    gathered = torch.cat(ref_xs)
+    summed = sum(gathered * (r + 1) for r in range(size))
+    total = summed * size                               # every rank contributes the same s
+    ys = torch.split(total, [2] * size)
+    torch.testing.assert_close(y.detach(), ys[rank].detach())
+    # Backward by hand: reducescatter(Sum) -> allgather of the w's (W, the same everywhere); allreduce(Sum) sums
+    # W over ranks -> size * W into g * (q + 1) on rank q; allgather's backward averages over q (upstream's rule)
+    # and narrows to this rank's rows.
+    w_all = torch.cat(ws)
+    mean_factor = sum(q + 1 for q in range(size)) / size
+    expected = (size * w_all * mean_factor)[2 * rank:2 * rank + 2]
+    torch.testing.assert_close(x.grad, expected)
