@@ -1,0 +1,174 @@
+"""PyTorch scaling benchmark: Horovod vs torch DistributedDataParallel (Gloo) on 1 and N ranks, in one run.
+
+Runs ``examples/pytorch/pytorch_synthetic_benchmark.py`` for each model under this project's ``horovodrun``
+(``-np 1`` and ``-np N``) and under ``torchrun --nproc_per_node 1`` and ``N`` with ``--ddp``, with the same
+model, batch, image size and iteration counts and one thread per rank (``OMP_NUM_THREADS=1`` and
+``torch.set_num_threads(1)``). It prints each backend's scaling efficiency, throughput(N) / (N x
+throughput(1)), and the Horovod/DDP ratio of N-rank throughput. It then times the ResNet-18-sized step
+(53 torch gradients, 46 MB, ``hvd.allreduce_async_`` each then ``synchronize``) against one raw mpi4py
+Allreduce of the same 46 MB under Open MPI's ``mpirun`` (and, for reference, torch.distributed Gloo's 53
+async allreduces).
+
+    python benchmarks/torch_scaling.py [--np 2] [--models resnet,mlp] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
+log = logging.getLogger("benchmarks.torch_scaling")
+
+
+def _env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    env["MKL_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(cmd: List[str], out: Path, timeout: float) -> Optional[dict]:
+    """Run one job; return the JSON its rank 0 wrote, or None (and log its output) if it failed."""
+    log.info("running: %s", " ".join(cmd))
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=_env(), cwd=str(ROOT), timeout=timeout, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0 or not out.exists():
+        log.error("failed (exit %d):\n%s", proc.returncode, proc.stdout[-5000:])
+        return None
+    result = json.loads(out.read_text())
+    result["wall_s"] = time.perf_counter() - start
+    return result
+
+
+def horovod_cmd(np: int, args: List[str]) -> List[str]:
+    return [sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, *args]
+
+
+def torchrun_cmd(np: int, args: List[str]) -> List[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np), *args]
+
+
+def synthetic(model: str, np: int, opts: argparse.Namespace, tmp: Path) -> Dict[str, Dict[int, Optional[dict]]]:
+    """Throughput of one model for Horovod and DDP at 1 and ``np`` ranks."""
+    batches = opts.mlp_num_batches_per_iter if model == "mlp" else opts.num_batches_per_iter
+    common = ["--model", model, "--batch-size", str(opts.batch_size), "--image-size", str(opts.image_size),
+              "--num-warmup-batches", str(opts.num_warmup_batches), "--num-batches-per-iter", str(batches),
+              "--num-iters", str(opts.num_iters), "--num-threads", "1", "--no-cuda"]
+    results: Dict[str, Dict[int, Optional[dict]]] = {"horovod": {}, "ddp": {}}
+    for n in (1, np):
+        for backend in ("horovod", "ddp"):
+            out = tmp / f"{model}-{backend}-{n}.json"
+            if backend == "horovod":
+                cmd = horovod_cmd(n, [str(BENCH), *common, "--json", str(out)])
+            else:
+                cmd = torchrun_cmd(n, [str(BENCH), *common, "--ddp", "--json", str(out)])
+            res = _run(cmd, out, opts.timeout)
+            results[backend][n] = res
+            if res:
+                log.info("  %s %s np=%d: %.1f img/sec total (per rank %.1f +-%.1f)", model, backend, n,
+                         res["total_img_sec"], res["img_sec_mean"], res["img_sec_conf"])
+    return results
+
+
+def step_53(np: int, tmp: Path, timeout: float) -> Dict[str, Optional[float]]:
+    """The 53-gradient step under horovod.torch, one raw mpi4py Allreduce of 46 MB, and Gloo's 53 allreduces."""
+    out: Dict[str, Optional[float]] = {}
+    path = tmp / "step-hvd.json"
+    res = _run(horovod_cmd(np, ["-m", "benchmarks.workers.torch_hvd_step", str(path)]), path, timeout)
+    out["horovod.torch"] = res["step_53"] if res else None
+    mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
+    path = tmp / "step-mpi.json"
+    if Path(mpirun).exists():
+        res = _run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np), sys.executable, "-m",
+                    "benchmarks.workers.mpi_collectives", str(path), "4"], path, timeout)
+        out["mpi4py"] = res["step_53"] if res else None
+    else:
+        log.warning("mpirun not found: skipping the raw mpi4py reference")
+        out["mpi4py"] = None
+    path = tmp / "step-gloo.json"
+    res = _run(torchrun_cmd(np, ["-m", "benchmarks.workers.torch_collectives", str(path), "4"]), path, timeout)
+    out["torch-gloo"] = res["step_53"] if res else None
+    return out
+
+
+def efficiency(res: Dict[int, Optional[dict]], np: int) -> Optional[float]:
+    if not res.get(1) or not res.get(np):
+        return None
+    return res[np]["total_img_sec"] / (np * res[1]["total_img_sec"])
+
+
+def report(synth: Dict[str, dict], step: Dict[str, Optional[float]], np: int) -> List[str]:
+    """The markdown tables and the two verdicts."""
+    lines = [f"| model | backend | 1 rank img/s | {np} ranks img/s (total) | scaling efficiency |",
+             "|---|---|---|---|---|"]
+    verdicts = []
+    for model, res in synth.items():
+        for backend in ("horovod", "ddp"):
+            one, many = res[backend].get(1), res[backend].get(np)
+            eff = efficiency(res[backend], np)
+            cells = [f"{r['total_img_sec']:.1f}" if r else "failed" for r in (one, many)]
+            cells.append(f"{100 * eff:.1f}%" if eff is not None else "–")
+            lines.append(f"| {model} | {backend} | " + " | ".join(cells) + " |")
+        e_h, e_d = efficiency(res["horovod"], np), efficiency(res["ddp"], np)
+        if e_h is not None and e_d is not None:
+            ratio = res["horovod"][np]["total_img_sec"] / res["ddp"][np]["total_img_sec"]
+            verdicts.append(f"{model}: scaling efficiency horovod {100 * e_h:.1f}% vs DDP {100 * e_d:.1f}% "
+                            f"({'MET' if e_h >= e_d else 'NOT MET'}: target horovod >= DDP; "
+                            f"difference {100 * (e_h - e_d):+.1f} points); {np}-rank throughput "
+                            f"horovod/DDP = {ratio:.3f}")
+    hvd, mpi, gloo = step.get("horovod.torch"), step.get("mpi4py"), step.get("torch-gloo")
+    if hvd is not None:
+        line = f"ResNet-18 step (53 torch tensors, 46 MB, {np} ranks): horovod.torch {hvd * 1e3:.1f} ms"
+        if mpi is not None:
+            line += (f", one raw mpi4py Allreduce of 46 MB {mpi * 1e3:.1f} ms, ratio {hvd / mpi:.2f} "
+                     f"({'MET' if hvd <= 1.2 * mpi else 'NOT MET'}: target <= 1.2)")
+        if gloo is not None:
+            line += f"; torch-gloo 53 async allreduces {gloo * 1e3:.1f} ms"
+        verdicts.append(line)
+    return lines + [""] + verdicts
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--models", default="resnet,mlp")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--num-warmup-batches", type=int, default=3)
+    parser.add_argument("--num-batches-per-iter", type=int, default=5)
+    parser.add_argument("--mlp-num-batches-per-iter", type=int, default=20,
+                        help="the MLP's steps are ~20x shorter, so it times more of them per iteration")
+    parser.add_argument("--num-iters", type=int, default=5)
+    parser.add_argument("--skip-step", action="store_true", help="skip the 53-gradient step measurement")
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--timeout", type=float, default=300)
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        synth = {m: synthetic(m, opts.np, opts, tmp) for m in opts.models.split(",")}
+        step = {} if opts.skip_step else step_53(opts.np, tmp, opts.timeout)
+    print()
+    print("\n".join(report(synth, step, opts.np)))
+    print(f"\n(total benchmark wall time {time.perf_counter() - start:.0f} s)")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"options": vars(opts), "synthetic": synth, "step_53": step}, indent=1))
+    ok = all(r["horovod"].get(opts.np) for r in synth.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
