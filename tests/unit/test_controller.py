@@ -1,5 +1,6 @@
 """The coordinator's negotiation, driven with fake requests (no sockets, no threads)."""
 import re
+import time
 
 import pytest
 
@@ -352,3 +353,52 @@ def test_mixed_cached_and_new_responses_in_one_fused_batch():
     refs = items[0][1]
     assert refs[0] == old_id and isinstance(refs[1], list)
     assert apply(coord, items) == [["old", "new"]]
+
+
+# ------------------------------------------------------------------ emission: urgency and fusion buckets
+def test_ready_tensor_nobody_waits_for_is_held_until_the_window_passes():
+    coord = coordinator(2)
+    coord.add_request(0, allreduce("g"))
+    coord.add_request(1, allreduce("g"))
+    now = time.monotonic()
+    due = coord.emit_due(now, bucket_bytes=1 << 20, hold_s=0.025)
+    assert 0.0 < due <= 0.025
+    assert coord.emit_due(now + 0.03, bucket_bytes=1 << 20, hold_s=0.025) == 0.0
+
+
+def test_a_waiting_rank_makes_ready_work_go_at_once():
+    coord = coordinator(2)
+    coord.add_request(0, allreduce("g"))
+    coord.add_request(1, allreduce("g"))
+    coord.mark_urgent(["g"])
+    assert coord.emit_due(time.monotonic(), bucket_bytes=1 << 20, hold_s=10.0) == 0.0
+
+
+def test_urgency_for_a_not_yet_ready_tensor_applies_once_it_is_ready():
+    coord = coordinator(2)
+    coord.add_request(0, allreduce("g"))
+    coord.mark_urgent(["g"])
+    assert coord.emit_due(time.monotonic(), 1 << 20, 10.0) is None
+    coord.add_request(1, allreduce("g"))
+    assert coord.emit_due(time.monotonic(), 1 << 20, 10.0) == 0.0
+
+
+def test_a_stale_wait_notice_does_not_speed_up_a_later_tensor_of_the_same_name():
+    coord = coordinator(2)
+    coord.mark_urgent(["g"])                  # arrives after "g" already completed: ignored
+    coord.add_request(0, allreduce("g"))
+    coord.add_request(1, allreduce("g"))
+    assert coord.emit_due(time.monotonic(), 1 << 20, 10.0) > 0.0
+
+
+def test_a_full_bucket_goes_at_once():
+    coord = coordinator(2)
+    for name in ("a", "b"):          # 4 float32 elements = 16 bytes each
+        coord.add_request(0, allreduce(name))
+        coord.add_request(1, allreduce(name))
+    now = time.monotonic()
+    assert coord.emit_due(now, bucket_bytes=48, hold_s=10.0) > 0.0
+    assert coord.emit_due(now, bucket_bytes=32, hold_s=10.0) == 0.0
+    items = coord.take_ready()
+    assert [len(item[1]) for item in items] == [2]          # one fused batch
+    assert coord.emit_due(now, bucket_bytes=32, hold_s=10.0) is None

@@ -87,6 +87,8 @@ def _start(topo: topology.Topology, generation: int):
                  cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
                  disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
                  spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
+                 bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
+                 bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
                  affinity=_engine_core(topo))
     if topo.size == 1:
         backend = LocalBackend()

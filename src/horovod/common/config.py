@@ -94,6 +94,12 @@ _KNOBS = [
     Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
          "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
          ours=True),
+    Knob("HOROVOD_FUSION_BUCKET_BYTES", int, 4 * 1024 * 1024,
+         "Ready tensors that no rank is waiting for are held until this many bytes are ready (or the bucket "
+         "window passes), so that gradients stream in fused buckets; 0 holds them only for the cycle time.",
+         ours=True),
+    Knob("HOROVOD_FUSION_BUCKET_MS", float, 25.0,
+         "Longest time a ready tensor that no rank is waiting for is held to fill a bucket.", ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),

@@ -30,7 +30,7 @@ from horovod.common.messages import (
     TensorResponse,
 )
 from horovod.common.response_cache import ResponseCache
-from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.common.types import DataType, ReduceOp, RequestType, numpy_dtype
 
 _OP_NAMES = {int(v): v.name for v in RequestType}
 _DTYPE_NAMES = {int(v): v.name.lower() for v in DataType}
@@ -43,6 +43,16 @@ _NOT_WITH_JOIN = {
     RequestType.ALLTOALL: "Alltoall",
     RequestType.REDUCESCATTER: "Reducescatter",
 }
+
+
+def _request_bytes(request: list) -> int:
+    n = 1
+    for d in request[R_SHAPE]:
+        n *= d
+    return n * _ITEMSIZE.get(request[R_DTYPE], 4)
+
+
+_ITEMSIZE = {int(t): numpy_dtype(t).itemsize for t in DataType}
 
 
 def _ranks_text(by_value: Dict) -> str:
@@ -80,7 +90,9 @@ class Coordinator:
         self.fusion_threshold = fusion_threshold
         self.disable_group_fusion = disable_group_fusion
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
-        self._ready: OrderedDict[str, None] = OrderedDict()
+        self._ready: OrderedDict[str, float] = OrderedDict()      # name -> when it became ready
+        self._ready_bytes = 0
+        self._urgent: Set[str] = set()
         self._group_ready: Dict[str, List[str]] = {}
         self._joined: Set[int] = set()
         self._last_joined = -1
@@ -108,7 +120,32 @@ class Coordinator:
         if name in self._ready or not entry.requests:
             return
         if len(entry.requests) + len(self._joined.difference(entry.requests)) >= self.size:
-            self._ready[name] = None
+            self._ready[name] = time.monotonic()
+            self._ready_bytes += _request_bytes(next(iter(entry.requests.values())))
+
+    def mark_urgent(self, names) -> None:
+        """Some rank waits on these tensors: emit them as soon as they are ready (unknown names are ignored,
+        so a late notice can never speed up a later tensor of the same name)."""
+        for name in names:
+            if name in self._pending:
+                self._urgent.add(name)
+
+    def emit_due(self, now: float, bucket_bytes: int, hold_s: float) -> Optional[float]:
+        """0 when ready work should be emitted now, else seconds until it will be (None: nothing ready).
+
+        Ready work goes at once when a rank waits on any of it, when a bucket's worth of bytes is ready, or
+        when the oldest ready tensor has been held for ``hold_s``.
+        """
+        if self._join_done:
+            return 0.0
+        if not self._ready:
+            return None
+        if self._urgent and not self._urgent.isdisjoint(self._ready):
+            return 0.0
+        if bucket_bytes > 0 and self._ready_bytes >= bucket_bytes:
+            return 0.0
+        oldest = next(iter(self._ready.values()))
+        return max(0.0, oldest + hold_s - now)
 
     @property
     def joined(self) -> Set[int]:
@@ -171,6 +208,9 @@ class Coordinator:
         for members in self._group_ready.values():
             for member in members:
                 self._ready.pop(member, None)
+        self._ready_bytes = sum(_request_bytes(next(iter(self._pending[n].requests.values())))
+                                for n in self._ready)
+        self._urgent.intersection_update(self._pending)
         for batch in self._plan(responses, group_units):
             out.append([BATCH, [cached_ids[r.name] if r.name in cached else r.to_wire() for r in batch]])
         if self._join_done:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import selectors
 import socket
@@ -79,7 +78,7 @@ class Engine:
                  cache_capacity: int, fusion_threshold: int, cycle_time_ms: float,
                  disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None,
                  spin_us: float = 0.0, affinity: Optional[int] = None,
-                 hosts: Optional[List[str]] = None) -> None:
+                 hosts: Optional[List[str]] = None, bucket_bytes: int = 0, bucket_ms: float = 0.0) -> None:
         self.rank = rank
         self.size = size
         self.backend = backend
@@ -98,6 +97,9 @@ class Engine:
         self._spin_s = max(0.0, spin_us) / 1e6
         self._last_activity = 0.0
         self._send_lock = threading.Lock()
+        self._urgent: List[str] = []
+        self.bucket_bytes = bucket_bytes
+        self.hold_s = max(self.cycle_s, bucket_ms / 1000.0 if bucket_bytes > 0 else 0.0)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stop = False
@@ -130,6 +132,8 @@ class Engine:
                 names.add(name)
             for entry in entries:
                 self._table[entry.name] = entry
+                entry.handle.names.append(entry.name)
+                entry.handle.on_wait = self._waiting
             if self.coordinator is not None:
                 self._queue.extend(entries)
                 if self._sleeping:
@@ -144,6 +148,21 @@ class Engine:
             self._send_control(self.control[0], ["R", [e.request for e in entries]])
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
+
+    def _waiting(self, handle: Handle) -> None:
+        """A thread waits on ``handle``: its tensors should not be held back to fill a fusion bucket."""
+        handle.on_wait = None                   # one notice per handle is enough
+        if self.coordinator is None:
+            try:
+                self._send_control(self.control[0], ["W", list(handle.names)])
+            except PeerLostError:
+                pass                            # the engine thread reports the lost coordinator
+            return
+        with self._lock:
+            self._urgent.extend(handle.names)
+            if self._sleeping:
+                self._sleeping = False
+                self._wake()
 
     def _wake(self) -> None:
         try:
@@ -197,7 +216,7 @@ class Engine:
         now = time.perf_counter()
         spin_until = self._last_activity + self._spin_s
         while now < spin_until:
-            if self._queue or self._stop:
+            if self._queue or self._stop or self._urgent:
                 return []
             events = selector.select(0)
             if events:
@@ -207,7 +226,7 @@ class Engine:
                 return []
             now = time.perf_counter()
         with self._lock:
-            if self._queue or self._stop:
+            if self._queue or self._stop or self._urgent:
                 return []
             self._sleeping = True
         events = selector.select(timeout)
@@ -229,28 +248,31 @@ class Engine:
         selector.register(self._wake_r, selectors.EVENT_READ, -1)
         for peer, sock in self.control.items():
             selector.register(sock, selectors.EVENT_READ, peer)
-        last_emit = -math.inf
         shutdown_reason = None
         while True:
-            for entry in self._drain():
+            # Take new requests and wait notices in one grab: a thread marks a tensor urgent only after it
+            # enqueued it, so the request is always taken together with (or before) its urgency.
+            with self._lock:
+                entries = self._drain()
+                urgent, self._urgent = self._urgent, []
+            for entry in entries:
                 coord.add_request(0, entry.request)
+            if urgent:
+                coord.mark_urgent(urgent)
             if self._stop and shutdown_reason is None:
                 shutdown_reason = "rank 0 called hvd.shutdown()"
             if shutdown_reason is not None:
                 self._broadcast(["S", shutdown_reason], best_effort=True)
                 self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
                 return
-            timeout: Optional[float] = IDLE_WAKE_SECONDS
-            if coord.has_ready():
-                now = time.monotonic()
-                if now - last_emit >= self.cycle_s or not coord.has_partial():
-                    last_emit = now
-                    items = coord.take_ready()
-                    if items:
-                        self._broadcast(["L", items])
-                        self._apply(items)
-                    continue
-                timeout = last_emit + self.cycle_s - now
+            due = coord.emit_due(time.monotonic(), self.bucket_bytes, self.hold_s)
+            if due == 0.0:
+                items = coord.take_ready()
+                if items:
+                    self._broadcast(["L", items])
+                    self._apply(items)
+                continue
+            timeout = IDLE_WAKE_SECONDS if due is None else due
             for key, _ in self._sleep(selector, timeout):
                 peer = key.data
                 if peer == -1:
@@ -261,6 +283,8 @@ class Engine:
                 if kind == "R":
                     for request in msg[1]:
                         coord.add_request(peer, request)
+                elif kind == "W":
+                    coord.mark_urgent(msg[1])
                 elif kind == "X":
                     shutdown_reason = f"rank {peer} called hvd.shutdown()"
                     selector.unregister(key.fileobj)

@@ -15,7 +15,7 @@ from horovod.common.exceptions import HorovodInternalError
 class Handle:
     """Completion of one collective (or of a group of them: ``parts`` > 1)."""
 
-    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish")
+    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish", "names", "on_wait")
 
     def __init__(self, name: str, parts: int = 1, finish: Optional[Callable[[List[Any]], Any]] = None) -> None:
         self.name = name
@@ -25,6 +25,8 @@ class Handle:
         self._remaining = parts
         self._error: Optional[BaseException] = None
         self._finish = finish
+        self.names: List[str] = []        # the tensor names this handle completes (set by the engine)
+        self.on_wait: Optional[Callable[[Handle], None]] = None   # tells the engine someone waits
 
     def set_result(self, index: int, value: Any) -> None:
         """Called by the engine thread when part ``index`` finished."""
@@ -49,6 +51,8 @@ class Handle:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until done; return the result, or raise the operation's error."""
+        if self.on_wait is not None and self._lock.locked():
+            self.on_wait(self)
         if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError(f"operation {self.name!r} did not finish within {timeout}s")
         self._lock.release()
