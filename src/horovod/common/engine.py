@@ -212,7 +212,7 @@ class Engine:
         return out
 
     def _sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]):
-        """Wait for the next event: poll while recently active, then block in the kernel."""
+        """Wait for the next event: poll briefly after real work (see ``_active``), then block in the kernel."""
         now = time.perf_counter()
         spin_until = self._last_activity + self._spin_s
         while now < spin_until:
@@ -220,7 +220,6 @@ class Engine:
                 return []
             events = selector.select(0)
             if events:
-                self._last_activity = time.perf_counter()
                 return events
             if timeout is not None and timeout <= 0:
                 return []
@@ -231,8 +230,15 @@ class Engine:
             self._sleeping = True
         events = selector.select(timeout)
         self._sleeping = False
-        self._last_activity = time.perf_counter()
         return events
+
+    def _active(self) -> None:
+        """Something happened after which an answer is due soon (a collective ran, a rank waits): poll a while.
+
+        Merely receiving a request is not such a thing: while gradients stream in during backward, polling after
+        each one would only take CPU from the computation.
+        """
+        self._last_activity = time.perf_counter()
 
     def _drain_wake(self) -> None:
         try:
@@ -259,6 +265,7 @@ class Engine:
                 coord.add_request(0, entry.request)
             if urgent:
                 coord.mark_urgent(urgent)
+                self._active()
             if self._stop and shutdown_reason is None:
                 shutdown_reason = "rank 0 called hvd.shutdown()"
             if shutdown_reason is not None:
@@ -271,6 +278,7 @@ class Engine:
                 if items:
                     self._broadcast(["L", items])
                     self._apply(items)
+                    self._active()
                 continue
             timeout = IDLE_WAKE_SECONDS if due is None else due
             for key, _ in self._sleep(selector, timeout):
@@ -285,6 +293,7 @@ class Engine:
                         coord.add_request(peer, request)
                 elif kind == "W":
                     coord.mark_urgent(msg[1])
+                    self._active()
                 elif kind == "X":
                     shutdown_reason = f"rank {peer} called hvd.shutdown()"
                     selector.unregister(key.fileobj)
@@ -348,6 +357,7 @@ class Engine:
                 kind = msg[0]
                 if kind == "L":
                     self._apply(msg[1])
+                    self._active()
                 elif kind == "S":
                     self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {msg[1]}.)"))
                     return

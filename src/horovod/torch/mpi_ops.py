@@ -128,7 +128,7 @@ def _check(tensor: torch.Tensor, allowed: set, what: str) -> None:
 
 def _np(tensor: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor's memory (no copy)."""
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor      # detach() is costly; gradients never need it
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return t.numpy()
@@ -182,10 +182,11 @@ def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[
     _check(tensor, _REDUCE_DTYPES, "allreduce")
     if op == Adasum:
         raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
-    host_in, host_out = _host(tensor), _host(output) if output is not tensor else None
-    if host_out is None:
-        host_out = host_in
-    handle = ops.allreduce_async(_np(host_in), _np(host_out), _name("allreduce", name), op, prescale_factor,
+    host_in = _host(tensor)
+    host_out = host_in if output is tensor else _host(output)
+    array_in = _np(host_in)
+    array_out = array_in if host_out is host_in else _np(host_out)
+    handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name), op, prescale_factor,
                                  postscale_factor, process_set)
 
     def finish(_):
