@@ -387,19 +387,26 @@ def allgather(tensor: torch.Tensor, name: Optional[str] = None,
     return HorovodAllgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
-                            process_set: ProcessSet = global_process_set) -> int:
-    """Start an allgather of each tensor of a list, as one unit."""
+def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str,
+                        start: Callable[[List[np.ndarray], List[Callable]], Handle]) -> int:
+    """A grouped op whose outputs are sized by negotiation: one new torch output per tensor, in order."""
     tensors = list(tensors)
     for t in tensors:
-        _check(t, _MOVE_DTYPES, "grouped_allgather")
+        _check(t, allowed, what)
     hosts = [_host(t) for t in tensors]
     made: List[Optional[torch.Tensor]] = []
     allocators = [_allocator(t.dtype, made, i) for i, t in enumerate(tensors)]
-    handle = ops.grouped_allgather_async([_np(h) for h in hosts], _name("grouped_allgather", name), allocators,
-                                         process_set)
+    handle = start([_np(h) for h in hosts], allocators)
     return _handles.add(_Pending(handle, lambda _: [_to_device(m, t) for m, t in zip(made, tensors)],
                                  (tensors, hosts, made)))
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather of each tensor of a list, as one unit."""
+    return _grouped_allocating(tensors, _MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators:
+                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name), allocators,
+                                                           process_set))
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
@@ -567,16 +574,10 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each tensor of a list, as one unit."""
-    tensors = list(tensors)
-    for t in tensors:
-        _check(t, _REDUCE_DTYPES, "grouped_reducescatter")
-    hosts = [_host(t) for t in tensors]
-    made: List[Optional[torch.Tensor]] = []
-    allocators = [_allocator(t.dtype, made, i) for i, t in enumerate(tensors)]
-    handle = ops.grouped_reducescatter_async([_np(h) for h in hosts], _name("grouped_reducescatter", name), op,
-                                             prescale_factor, postscale_factor, allocators, process_set)
-    return _handles.add(_Pending(handle, lambda _: [_to_device(m, t) for m, t in zip(made, tensors)],
-                                 (tensors, hosts, made)))
+    return _grouped_allocating(tensors, _REDUCE_DTYPES, "grouped_reducescatter", lambda arrays, allocators:
+                               ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name), op,
+                                                               prescale_factor, postscale_factor, allocators,
+                                                               process_set))
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
