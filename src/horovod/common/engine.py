@@ -105,7 +105,6 @@ class Engine:
         self._stop = False
         self._dead: Optional[HorovodInternalError] = None
         self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
-        self.executed_batches = 0
 
     # ------------------------------------------------------------------ user side
     def start(self) -> Engine:
@@ -493,7 +492,6 @@ class Engine:
                     entry.handle.set_result(entry.index, None)
         else:
             raise HorovodInternalError(f"unsupported response type {rtype}")
-        self.executed_batches += 1
 
     # ------------------------------------------------------------------ failure
     def _fail_all(self, error: HorovodInternalError) -> None:
