@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -175,6 +175,3 @@ class Comm:
     def close(self) -> None:
         self._sender.close()
 
-
-def flat_views(arrays: List[np.ndarray]) -> List[memoryview]:
-    return [as_bytes(a) for a in arrays]

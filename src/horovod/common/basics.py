@@ -8,7 +8,6 @@ size 1.
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import logging
 import threading
 from typing import Optional, Sequence
@@ -28,10 +27,8 @@ class _State:
         self.topo: Optional[topology.Topology] = None
         self.engine: Optional[Engine] = None
         self.backend_reason = ""
-        self.backend_name = ""
         self.generation = 0
         self.atexit_registered = False
-        self.on_shutdown = []
 
 
 _state = _State()
@@ -62,14 +59,13 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
         logging_setup.configure(topo.rank)
         generation = _state.generation
         try:
-            engine, reason, name = _start(topo, generation)
+            engine, reason = _start(topo, generation)
         except Exception as exc:
             raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") from exc
         _state.generation += 1
         _state.topo = topo
         _state.engine = engine
         _state.backend_reason = reason
-        _state.backend_name = name
         global_process_set.ranks = list(range(topo.size))
         global_process_set.process_set_id = 0
         if not _state.atexit_registered:
@@ -92,8 +88,7 @@ def _start(topo: topology.Topology, generation: int):
                  affinity=_engine_core(topo))
     if topo.size == 1:
         backend = LocalBackend()
-        return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), \
-            "local (a single rank)", backend.name
+        return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), "local (a single rank)"
     from horovod.backends.factory import make_backend
     from horovod.backends.mesh import build_mesh
     from horovod.common.kvstore import KVStoreClient
@@ -124,7 +119,7 @@ def _start(topo: topology.Topology, generation: int):
         mesh.close()
 
     engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs).start()
-    return engine, reason, backend.name
+    return engine, reason
 
 
 def _engine_core(topo: topology.Topology) -> Optional[int]:
@@ -145,11 +140,6 @@ def shutdown() -> None:
         engine, _state.engine = _state.engine, None
         if engine is None:
             return
-        for callback in list(_state.on_shutdown):
-            try:
-                callback()
-            except Exception:
-                log.debug("shutdown callback failed", exc_info=True)
         engine.shutdown()
         global_process_set.process_set_id = 0
 
@@ -215,17 +205,9 @@ def data_plane() -> str:
     return _state.backend_reason
 
 
-def add_shutdown_callback(callback) -> None:
-    """Run ``callback`` at the start of every ``shutdown()`` (bindings use it to drop their handle maps)."""
-    _state.on_shutdown.append(callback)
 
 
 # ------------------------------------------------------------------ build probes
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def mpi_built() -> bool:

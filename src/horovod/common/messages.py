@@ -73,6 +73,5 @@ class TensorResponse:
 
 
 # Response list items: a tensor batch is ["T", [item, ...]] where each item is a cache id (int) or a
-# wire TensorResponse (list); errors are ["E", [names], message]; join completion is ["J", last_joined_rank];
-# shutdown is ["S", reason].
-BATCH, ERROR, JOIN, SHUTDOWN = "T", "E", "J", "S"
+# wire TensorResponse (list); errors are ["E", [names], message]; join completion is ["J", last_joined_rank].
+BATCH, ERROR, JOIN = "T", "E", "J"

@@ -20,9 +20,6 @@ class ProcessSet:
         else:
             self.ranks = sorted(int(r) for r in ranks_or_comm)
 
-    def _invalidate(self) -> None:
-        self.process_set_id = None
-
     def size(self) -> Optional[int]:
         """Number of ranks in the set (None if unregistered)."""
         if self.process_set_id is None:

@@ -92,7 +92,3 @@ def data_type_of(dtype: np.dtype) -> DataType:
             "Cast the tensor to one of them before the collective."
         ) from None
 
-
-def is_floating(dt: DataType) -> bool:
-    """True for the floating-point wire types (the ones Average and scaling apply to exactly)."""
-    return dt in (DataType.FLOAT16, DataType.BFLOAT16, DataType.FLOAT32, DataType.FLOAT64)
