@@ -84,34 +84,31 @@ def _segment(n: int, parts: int, index: int, itemsize: int):
     return lo, min(n, lo + per)
 
 
-def _copy_from_list(arrays: List[np.ndarray], start: int, dst: np.ndarray, factor: float) -> None:
-    """Fill ``dst`` with elements [start, start+len(dst)) of the concatenation of ``arrays``."""
-    pos, need, written = 0, dst.size, 0
+def _pieces(arrays: List[np.ndarray], start: int, count: int):
+    """(array slice, offset) for each piece of elements [start, start+count) of the arrays' concatenation."""
+    pos, done = 0, 0
     for a in arrays:
         end = pos + a.size
-        if end > start and written < need:
+        if end > start and done < count:
             lo = max(start, pos) - pos
-            take = min(a.size - lo, need - written)
-            scaled_copy(dst[written:written + take], a[lo:lo + take], factor)
-            written += take
+            take = min(a.size - lo, count - done)
+            yield a[lo:lo + take], done
+            done += take
         pos = end
-        if written >= need:
+        if done >= count:
             return
+
+
+def _copy_from_list(arrays: List[np.ndarray], start: int, dst: np.ndarray, factor: float) -> None:
+    """Fill ``dst`` with elements [start, start+len(dst)) of the concatenation of ``arrays``."""
+    for piece, offset in _pieces(arrays, start, dst.size):
+        scaled_copy(dst[offset:offset + piece.size], piece, factor)
 
 
 def _copy_to_list(src: np.ndarray, arrays: List[np.ndarray], start: int, factor: float) -> None:
     """Write ``src`` into elements [start, start+len(src)) of the concatenation of ``arrays``."""
-    pos, need, done = 0, src.size, 0
-    for a in arrays:
-        end = pos + a.size
-        if end > start and done < need:
-            lo = max(start, pos) - pos
-            take = min(a.size - lo, need - done)
-            scaled_copy(a[lo:lo + take], src[done:done + take], factor)
-            done += take
-        pos = end
-        if done >= need:
-            return
+    for piece, offset in _pieces(arrays, start, src.size):
+        scaled_copy(piece, src[offset:offset + piece.size], factor)
 
 
 class ShmBackend(Backend):
