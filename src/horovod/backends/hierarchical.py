@@ -1,9 +1,10 @@
-"""Ranks on several hosts: shared memory inside each host, sockets between hosts.
+"""Ranks on several hosts: shared memory inside each host, sockets (or MPI) between hosts.
 
 Allreduce reduce-scatters through shared memory inside each host, so each local rank owns a block already
 reduced across its host. It then allreduces that block over tcp with the ranks of the same local rank on the
 other hosts, and allgathers the blocks back through shared memory. Only 1/local_size of the buffer crosses
-the network per rank. The other collectives run over tcp on the whole group.
+the network per rank. The other collectives run over tcp on the whole group. Under MPI, the cross-host and
+whole-group backends are MPI instead of tcp (any :class:`Backend` fits).
 Requires every host to have the same number of ranks (the selector falls back to flat tcp otherwise).
 """
 from __future__ import annotations
@@ -15,16 +16,16 @@ import numpy as np
 from horovod.backends.base import Backend
 from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.backends.shm import ShmBackend
-from horovod.backends.tcp import TcpBackend, split_counts
+from horovod.backends.tcp import split_counts
 from horovod.common.types import ReduceOp
 
 
 class HierarchicalBackend(Backend):
-    """shm inside the host + tcp across hosts."""
+    """shm inside the host + tcp (or MPI) across hosts."""
 
     name = "hierarchical"
 
-    def __init__(self, flat: TcpBackend, local: ShmBackend, cross: TcpBackend) -> None:
+    def __init__(self, flat: Backend, local: ShmBackend, cross: Backend) -> None:
         super().__init__(flat.rank, flat.size)
         self.flat, self.local, self.cross = flat, local, cross
         self._block = np.empty(0, np.uint8)

@@ -1,5 +1,5 @@
-"""Bootstrapping the job's sockets: every rank publishes its listening addresses through the rendezvous
-store, then connects to every lower rank and accepts every higher one.
+"""Bootstrapping the job's sockets: every rank publishes its listening addresses (through the rendezvous
+store, or an MPI allgather under mpirun), then connects to every lower rank and accepts every higher one.
 
 Ranks on the same host talk over abstract Unix sockets (no files, and about 15 µs round trips), ranks on
 different hosts over TCP. Every connection is authenticated with the job's secret before either side reads a
@@ -14,7 +14,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import psutil
 
@@ -79,15 +79,53 @@ def _connect(info: dict, same_host: bool, key: bytes, hello: bytes, deadline: fl
             time.sleep(0.05)
 
 
-def build_mesh(topo: Topology, key: bytes, kv: KVStoreClient, generation: int, timeout: float) -> Mesh:
-    """Connect this rank to every other rank of the job (called by every rank at init)."""
+Publish = Callable[[dict, float], List[dict]]
+
+
+def kv_publish(kv: KVStoreClient, generation: int, timeout: float) -> Publish:
+    """Exchange listening addresses through the launcher's rendezvous store."""
+
+    def publish(me: dict, remaining: float) -> List[dict]:
+        scope = f"mesh.{generation}"
+        size = me["size"]
+        kv.put(scope, str(me["rank"]), wire.pack(me))
+        try:
+            return [wire.unpack(v) for v in kv.wait(scope, [str(r) for r in range(size)], remaining)]
+        except TimeoutError:
+            present = kv.items(scope)
+            missing = [r for r in range(size) if str(r) not in present]
+            raise TimeoutError(
+                f"Rank(s) {', '.join(map(str, missing))} did not reach the rendezvous within {timeout:.0f}s. "
+                "Check that they started (see their output), or raise --start-timeout / HOROVOD_START_TIMEOUT."
+            ) from None
+
+    return publish
+
+
+def default_bind_address() -> str:
+    """This host's address for peers on other hosts: HOROVOD_GLOO_IFACE's, else the first non-loopback IPv4."""
     import horovod.common.config as config
 
+    iface = config.get("HOROVOD_GLOO_IFACE")
+    if iface:
+        return _iface_address(iface)
+    for _name, addrs in sorted(psutil.net_if_addrs().items()):
+        for addr in addrs:
+            if addr.family == socket.AF_INET and not addr.address.startswith("127."):
+                return addr.address
+    return "127.0.0.1"
+
+
+def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, timeout: float,
+               bind_addr: str) -> Mesh:
+    """Connect this rank to every other rank of the job (called by every rank at init).
+
+    ``publish`` shares this rank's listening addresses and returns every rank's, in rank order: through the
+    rendezvous store under horovodrun (:func:`kv_publish`), or through an MPI allgather under mpirun.
+    """
     deadline = time.monotonic() + timeout
     rank, size = topo.rank, topo.size
     job = wire.secret_fingerprint(key)
-    iface = config.get("HOROVOD_GLOO_IFACE")
-    bind_addr = _iface_address(iface) if iface else kv._sock.getsockname()[0]
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind((bind_addr, 0))
@@ -98,19 +136,9 @@ def build_mesh(topo: Topology, key: bytes, kv: KVStoreClient, generation: int, t
     uds.bind(uds_name)
     uds.listen(2 * size + 8)
     listeners = [tcp, uds]
-    scope = f"mesh.{generation}"
-    me = {"host": topo.hostname, "addr": bind_addr, "port": tcp.getsockname()[1], "uds": uds_name, "rank": rank}
-    kv.put(scope, str(rank), wire.pack(me))
-    try:
-        infos = [wire.unpack(v) for v in kv.wait(scope, [str(r) for r in range(size)],
-                                                 max(0.1, deadline - time.monotonic()))]
-    except TimeoutError:
-        present = kv.items(scope)
-        missing = [r for r in range(size) if str(r) not in present]
-        raise TimeoutError(
-            f"Rank(s) {', '.join(map(str, missing))} did not reach the rendezvous within {timeout:.0f}s. "
-            "Check that they started (see their output), or raise --start-timeout / HOROVOD_START_TIMEOUT."
-        ) from None
+    me = {"host": topo.hostname, "addr": bind_addr, "port": tcp.getsockname()[1], "uds": uds_name, "rank": rank,
+          "size": size}
+    infos = publish(me, max(0.1, deadline - time.monotonic()))
     hosts = [i["host"] for i in infos]
     data: List[Optional[socket.socket]] = [None] * size
     control: Dict[int, socket.socket] = {}

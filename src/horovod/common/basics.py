@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Optional, Sequence
 
-from horovod.common import config, logging_setup, topology, wire
+from horovod.common import config, logging_setup, mpi_context, topology, wire
 from horovod.common.engine import Engine
 from horovod.common.exceptions import not_initialized
 from horovod.common.fusion import aligned_threshold
@@ -27,6 +27,7 @@ class _State:
         self.topo: Optional[topology.Topology] = None
         self.engine: Optional[Engine] = None
         self.backend_reason = ""
+        self.mpi: Optional[mpi_context.MPIContext] = None
         self.generation = 0
         self.atexit_registered = False
 
@@ -37,79 +38,83 @@ _state = _State()
 def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
     """Start Horovod in this process (a repeated call is a no-op).
 
-    ``comm`` (an mpi4py communicator or a list of ranks) needs the MPI integration and raises
-    NotImplementedError until then; ``process_sets`` other than the global set likewise.
+    ``comm`` is an mpi4py communicator (Horovod works on a duplicate of it) or a list of COMM_WORLD ranks, so
+    that sub-communicators can run independent Horovod jobs; without it, a process started by ``mpirun`` runs
+    on COMM_WORLD and one started by ``horovodrun`` joins its rendezvous. ``process_sets`` other than the
+    global set raise NotImplementedError until the process-set feature lands.
     """
     with _state.lock:
         if _state.engine is not None and _state.engine.alive:
             return
         if _state.engine is not None:       # it died (peer lost): clean up before starting again
             shutdown()
-        if comm is not None:
-            raise NotImplementedError("hvd.init(comm=...) needs the MPI integration, which is not in this release "
-                                      "yet; call hvd.init() and launch with horovodrun.")
         if process_sets == "dynamic":
             raise NotImplementedError("Dynamic process sets are not available in this release yet.")
         if process_sets:
             raise NotImplementedError("Process sets other than the global one are not available in this release yet.")
+        mpi = None
         try:
-            topo = topology.detect()
-        except ValueError as exc:
+            if mpi_context.wanted(comm):
+                mpi = mpi_context.MPIContext(comm)
+                topo = mpi.topology()
+            else:
+                topo = topology.detect()
+        except (ValueError, RuntimeError) as exc:
             raise ValueError(f"Horovod initialization failed: {exc}") from exc
         logging_setup.configure(topo.rank)
         generation = _state.generation
         try:
-            engine, reason = _start(topo, generation)
+            engine, reason = _start(topo, generation, mpi)
         except Exception as exc:
+            if mpi is not None:
+                mpi.close()
             raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") from exc
         _state.generation += 1
         _state.topo = topo
         _state.engine = engine
+        _state.mpi = mpi
         _state.backend_reason = reason
         global_process_set.ranks = list(range(topo.size))
         global_process_set.process_set_id = 0
+        global_process_set.mpi_comm = mpi.comm if mpi is not None else None
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
-        log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, data plane: %s", topo.rank, topo.size,
-                 topo.local_rank, topo.local_size, topo.hostname, reason)
+        log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, started by %s, data plane: %s",
+                 topo.rank, topo.size, topo.local_rank, topo.local_size, topo.hostname,
+                 f"MPI ({mpi.library})" if mpi is not None else topo.source, reason)
 
 
-def _start(topo: topology.Topology, generation: int):
+def _knobs(topo: topology.Topology) -> dict:
+    threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
+    return dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
+                cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
+                disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
+                spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
+                bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
+                bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
+                affinity=_engine_core(topo))
+
+
+def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.MPIContext] = None):
+    """Connect the mesh (through the launcher's rendezvous, or MPI), choose the data plane, start the engine."""
     from horovod.backends.local import LocalBackend
 
-    threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
-    knobs = dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
-                 cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
-                 disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
-                 spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
-                 bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
-                 bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
-                 affinity=_engine_core(topo))
+    knobs = _knobs(topo)
     if topo.size == 1:
         backend = LocalBackend()
         return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), "local (a single rank)"
     from horovod.backends.factory import make_backend
-    from horovod.backends.mesh import build_mesh
-    from horovod.common.kvstore import KVStoreClient
+    from horovod.backends.mesh import build_mesh, default_bind_address
 
-    key = wire.secret_from_env()
-    addr = config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-    port = config.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-    if key is None or not addr or not port:
-        raise RuntimeError(
-            f"the {topo.source} environment says this job has {topo.size} ranks, but there is no Horovod "
-            "rendezvous to connect them (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT and the job secret are unset). "
-            "Launch the job with `horovodrun -np N python script.py`."
-        )
     timeout = config.get("HOROVOD_START_TIMEOUT")
-    kv = KVStoreClient(addr, port, key, timeout=timeout)
+    if mpi is not None:
+        key = mpi.job_secret()
+        mesh = build_mesh(topo, key, mpi.publish, generation, timeout, default_bind_address())
+    else:
+        key, mesh = _rendezvous_mesh(topo, generation, timeout)
     try:
-        mesh = build_mesh(topo, key, kv, generation, timeout)
-    finally:
-        kv.close()
-    try:
-        backend, reason = make_backend(mesh, wire.secret_fingerprint(key), generation)
+        backend, reason = make_backend(mesh, wire.secret_fingerprint(key), generation, mpi)
     except BaseException:
         mesh.close()
         raise
@@ -120,6 +125,29 @@ def _start(topo: topology.Topology, generation: int):
 
     engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs).start()
     return engine, reason
+
+
+def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
+    """The job secret and the mesh, connected through horovodrun's rendezvous store."""
+    from horovod.backends.mesh import build_mesh, default_bind_address, kv_publish
+    from horovod.common.kvstore import KVStoreClient
+
+    key = wire.secret_from_env()
+    addr = config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+    port = config.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if key is None or not addr or not port:
+        raise RuntimeError(
+            f"the {topo.source} environment says this job has {topo.size} ranks, but there is no Horovod "
+            "rendezvous to connect them (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT and the job secret are unset). "
+            "Launch the job with `horovodrun -np N python script.py`, or under mpirun with mpi4py installed "
+            "(`pip install horovod[mpi]`)."
+        )
+    kv = KVStoreClient(addr, port, key, timeout=timeout)
+    try:
+        bind_addr = default_bind_address() if config.get("HOROVOD_GLOO_IFACE") else kv._sock.getsockname()[0]
+        return key, build_mesh(topo, key, kv_publish(kv, generation, timeout), generation, timeout, bind_addr)
+    finally:
+        kv.close()
 
 
 def _engine_core(topo: topology.Topology) -> Optional[int]:
@@ -138,10 +166,14 @@ def shutdown() -> None:
     """Stop the engine and close every connection; pending operations fail with the shutdown error."""
     with _state.lock:
         engine, _state.engine = _state.engine, None
+        mpi, _state.mpi = _state.mpi, None
         if engine is None:
             return
         engine.shutdown()
+        if mpi is not None:
+            mpi.close()
         global_process_set.process_set_id = 0
+        global_process_set.mpi_comm = None
 
 
 def is_initialized() -> bool:
@@ -211,18 +243,23 @@ def data_plane() -> str:
 
 
 def mpi_built() -> bool:
-    """False: the MPI data plane is not in this release (mpi4py alone is not used yet)."""
-    return False
+    """True when mpi4py is installed, so that Horovod can run on MPI (the check does not initialize MPI)."""
+    return mpi_context.mpi4py_available()
 
 
 def mpi_enabled() -> bool:
-    """True when the running job uses MPI (never, in this release)."""
-    return False
+    """True when this job started on MPI (mpirun, ``horovodrun --mpi``, or ``init(comm=...)``)."""
+    return _state.engine is not None and _state.mpi is not None
 
 
 def mpi_threads_supported() -> bool:
-    """Upstream raises when MPI is not enabled; so do we."""
-    raise ValueError("Horovod MPI is not enabled in this job; mpi_threads_supported() needs the MPI data plane.")
+    """True when MPI runs with MPI_THREAD_MULTIPLE (and HOROVOD_MPI_THREADS_DISABLE is not set), so the program
+    may make its own MPI calls beside Horovod's; raises ValueError, as upstream, when MPI is not enabled."""
+    _topo()
+    if _state.mpi is None:
+        raise ValueError("Horovod MPI is not enabled in this job (it was not started by mpirun or horovodrun "
+                         "--mpi, nor given a communicator); mpi_threads_supported() needs MPI.")
+    return _state.mpi.threads_supported
 
 
 def gloo_built() -> bool:
@@ -231,8 +268,8 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    """True when the built-in controller runs this job."""
-    return is_initialized()
+    """True when the job started through horovodrun's rendezvous (upstream's Gloo controller), not MPI."""
+    return is_initialized() and _state.mpi is None
 
 
 def nccl_built() -> int:
