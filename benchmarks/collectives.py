@@ -143,26 +143,11 @@ def figures(results: Dict[str, dict]) -> List[str]:
 
 def plot(results: Dict[str, dict], path: str, np: int) -> None:
     """algbw vs size per op and peer (log-log), one panel per op."""
-    import matplotlib
+    from benchmarks.plotting import algbw_panels
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(OPS), figsize=(5 * len(OPS), 4), sharey=True)
-    for ax, op in zip(axes, OPS):
-        for peer, data in results.items():
-            points = sorted((int(s), int(s) / t / 1e9) for s, t in data["results"].get(op, {}).items())
-            if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=peer)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(f"{op}, {np} ranks")
-        ax.set_xlabel("message size (bytes)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("algbw (GB/s)")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    series = {op: [(peer, [(int(s), int(s) / t / 1e9) for s, t in data["results"].get(op, {}).items()], {})
+                   for peer, data in results.items()] for op in OPS}
+    algbw_panels(series, path, f"{np} ranks")
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -9,22 +9,25 @@ from mpi4py import MPI
 from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
 
 
+def raw_runs(comm, nbytes: int):
+    """Raw mpi4py allreduce, allgather and broadcast of float32 buffers of ``nbytes`` (per rank)."""
+    n = comm.Get_size()
+    count = max(1, nbytes // 4)
+    x = np.ones(count, np.float32)
+    y = np.empty_like(x)
+    part = np.ones(max(1, count // n), np.float32)
+    gathered = np.empty(part.size * n, np.float32)
+    return {
+        "allreduce": lambda: comm.Allreduce(x, y, op=MPI.SUM),
+        "allgather": lambda: comm.Allgather(part, gathered),
+        "broadcast": lambda: comm.Bcast(x, root=0),
+    }
+
+
 def main(out: str, sizes) -> None:
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    def make_runs(nbytes: int):
-        count = max(1, nbytes // 4)
-        x = np.ones(count, np.float32)
-        y = np.empty_like(x)
-        part = np.ones(max(1, count // n), np.float32)
-        gathered = np.empty(part.size * n, np.float32)
-        return {
-            "allreduce": lambda: comm.Allreduce(x, y, op=MPI.SUM),
-            "allgather": lambda: comm.Allgather(part, gathered),
-            "broadcast": lambda: comm.Bcast(x, root=0),
-        }
-
-    rows = sweep("mpi4py", sizes, make_runs, comm.Barrier, rank, n)
+    rows = sweep("mpi4py", sizes, lambda nbytes: raw_runs(comm, nbytes), comm.Barrier, rank, n)
     total = sum(int(np.prod(s)) for s in resnet18_shapes())
     a, b = np.ones(total, np.float32), np.empty(total, np.float32)
     rows["step_53"] = measure(lambda: comm.Allreduce(a, b, op=MPI.SUM), comm.Barrier, 10, repeats=5)
