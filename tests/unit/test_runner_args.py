@@ -202,9 +202,9 @@ def test_invalid_values_are_usage_errors(argv, capsys):
     assert "horovodrun: error:" in capsys.readouterr().err
 
 
-def test_mpi_and_elastic_are_rejected_with_explanation():
-    with pytest.raises(NotImplementedError, match="MPI mode .* not available yet"):
-        launch._run(parse("-np", "1", "--mpi", "cmd"))
+def test_jsrun_and_elastic_are_rejected_with_explanation():
+    with pytest.raises(NotImplementedError, match="jsrun mode .* not available yet.*--mpi"):
+        launch._run(parse("-np", "1", "--jsrun", "cmd"))
     with pytest.raises(NotImplementedError, match="[Ee]lastic mode .* not available yet"):
         launch._run(parse("-np", "1", "--min-np", "1", "cmd"))
     with pytest.raises(NotImplementedError, match="[Ee]lastic"):

@@ -95,7 +95,7 @@ class MPIContext:
                                        if getattr(MPI, name[4:]) == self.thread_level), str(self.thread_level))
         self.threads_supported = (self.thread_level == MPI.THREAD_MULTIPLE
                                   and not config.get("HOROVOD_MPI_THREADS_DISABLE"))
-        self.library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+        self.library = " ".join(MPI.Get_library_version().splitlines()[0].split(",")[0].split())
         self.world_ranks = self._world_ranks(MPI)
 
     @staticmethod

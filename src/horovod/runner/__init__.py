@@ -120,7 +120,8 @@ def run(
 
     Raises ValueError when both ``hosts`` and ``hostfile``, or both ``use_gloo`` and ``use_mpi``, are given;
     RuntimeError naming the rank (with its traceback) when the function raised on a rank; RuntimeError naming
-    the first failed rank when a rank died; NotImplementedError for MPI and elastic mode (not available yet).
+    the first failed rank when a rank died; NotImplementedError for elastic mode (not available yet). With
+    ``use_mpi=True`` the ranks are started by ``mpirun`` (see :mod:`horovod.runner.mpi_run`).
     """
     import warnings
 

@@ -73,7 +73,7 @@ def detect() -> BuildInfo:
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_probe, module, snippet) for name, (module, snippet) in probes.items()}
         found: Dict[str, bool] = {name: futures[name].result() if name in futures else False for name in _PROBES}
-    # The MPI data plane is usable only when this release ships it (basics.mpi_built), not merely mpi4py.
+    # MPI counts when mpi4py is installed (basics.mpi_built) and its MPI library loads (the probe).
     found["MPI"] = found["MPI"] and basics.mpi_built()
     return BuildInfo(
         tensorflow=found["TensorFlow"], torch=found["PyTorch"], mxnet=found["MXNet"], jax=found["JAX"],
@@ -110,3 +110,24 @@ def format_build(version: str, info: BuildInfo, verbose: bool = False) -> str:
         f"    [{mark(info.mpi)}] MPI\n"
         f"    [{mark(info.gloo)}] Gloo"
     )
+
+
+def format_data_planes(info: BuildInfo) -> str:
+    """Which data plane a job will use by default, and why (what ``init()`` logs at INFO for the real job)."""
+    from horovod.common import config
+
+    forced = config.get("HOROVOD_CPU_OPERATIONS")
+    lines = ["Default data planes (HOROVOD_CPU_OPERATIONS" + (f"={forced.lower()} forces one" if forced else
+                                                              " unset") + "):",
+             "    horovodrun, one host:       shm (shared memory)",
+             "    horovodrun, several hosts:  hierarchical: shm inside hosts, tcp between them"]
+    if info.mpi:
+        reduce_max = config.get("HOROVOD_MPI_REDUCE_MAX_BYTES")
+        move_max = config.get("HOROVOD_MPI_MOVE_MAX_BYTES")
+        lines += [f"    MPI, one host:              mpi+shm: MPI for reductions up to {reduce_max} B and data "
+                  f"movement up to {move_max} B, shm above (the faster of each, measured)",
+                  "    MPI, several hosts:         hierarchical: shm inside hosts, MPI between them",
+                  "    MPI without MPI_THREAD_MULTIPLE or with HOROVOD_MPI_THREADS_DISABLE: as horovodrun"]
+    else:
+        lines.append("    MPI:                        not available (pip install horovod[mpi])")
+    return "\n".join(lines)

@@ -1,8 +1,9 @@
 """``horovodrun``: parse upstream's flags and launch a job (console script ``horovodrun``).
 
 ``parse_args`` accepts every upstream flag with the same names, destinations, defaults and mutually exclusive
-groups. ``_run`` launches the job with the built-in controller (upstream's Gloo mode): MPI/jsrun and elastic
-mode are parsed but rejected with an explanation until they are available.
+groups. ``_run`` launches the job with the built-in controller (upstream's Gloo mode, the default) or, with
+``--mpi``, through ``mpirun`` (:mod:`horovod.runner.mpi_run`); jsrun and elastic mode are parsed but rejected
+with an explanation until they are available.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from .common.util import config_parser, hosts
 
 log = logging.getLogger("horovod.runner")
 
-MPI_NOT_AVAILABLE = (
-    "MPI mode (--mpi / --jsrun, or 'controller: mpi' in --config-file) is not available yet in this release "
-    "of horovod. Run without --mpi to use the default built-in controller (it takes the role of Gloo: "
-    "shared memory inside a host, TCP across hosts)."
+JSRUN_NOT_AVAILABLE = (
+    "jsrun mode (--jsrun, or 'controller: jsrun' in --config-file) is not available yet in this release of "
+    "horovod. Use --mpi to launch through mpirun, or no controller flag for the default built-in controller "
+    "(it takes the role of Gloo: shared memory inside a host, TCP across hosts)."
 )
 ELASTIC_NOT_AVAILABLE = (
     "Elastic mode (--min-np or --host-discovery-script) is not available yet in this release of horovod. "
@@ -340,7 +341,8 @@ def make_parser(override_args: Set[str], explicit: Set[str]) -> argparse.Argumen
                                   help="Run Horovod using the built-in controller, which takes the role of "
                                        "upstream's Gloo controller (the default).")
     group_controller.add_argument("--mpi", action="store_true", dest="use_mpi",
-                                  help="Run Horovod using the MPI controller (not available yet).")
+                                  help="Launch the ranks with mpirun (Open MPI, MPICH, Intel MPI or Spectrum "
+                                       "MPI; `pip install horovod[mpi]` brings Open MPI and mpi4py).")
     group_controller.add_argument("--jsrun", action="store_true", dest="use_jsrun",
                                   help="Launch Horovod processes with jsrun and use the MPI controller "
                                        "(not available yet).")
@@ -381,7 +383,10 @@ def check_build(verbose: bool = False) -> None:
     """Print which frameworks, controllers and tensor operations are available, then exit 0."""
     from . import build_info
 
-    print(build_info.format_build(_version(), build_info.detect(), verbose))
+    info = build_info.detect()
+    print(build_info.format_build(_version(), info, verbose))
+    print()
+    print(build_info.format_data_planes(info))
     sys.exit(0)
 
 
@@ -406,11 +411,11 @@ def _run(args: Any) -> Optional[List[Any]]:
     """Run the job described by ``args`` (from parse_args or horovod.run).
 
     Returns the per-rank results for ``horovod.run`` (``args.run_func`` set), else None. Raises
-    NotImplementedError for MPI/jsrun and elastic mode, ValueError for bad hosts or counts, and
+    NotImplementedError for jsrun and elastic mode, ValueError for bad hosts or counts, and
     :class:`horovod.runner.process.JobFailedError` when a rank fails.
     """
-    if getattr(args, "use_mpi", None) or getattr(args, "use_jsrun", None):
-        raise NotImplementedError(MPI_NOT_AVAILABLE)
+    if getattr(args, "use_jsrun", None):
+        raise NotImplementedError(JSRUN_NOT_AVAILABLE)
 
     if not getattr(args, "hosts", None) and not getattr(args, "host_discovery_script", None):
         if getattr(args, "hostfile", None):
@@ -486,6 +491,13 @@ def _run_static(args: Any) -> Optional[List[Any]]:
         rendezvous_addr = "127.0.0.1"
 
     env = _worker_base_env(args)
+    use_mpi = bool(getattr(args, "use_mpi", None))
+    if use_mpi and args.run_func is None:
+        from . import mpi_run
+
+        mpi_run.mpi_run(settings, settings.nics, env, command)
+        return None
+
     rendezvous = RendezvousServer(settings.verbose)
     rendezvous.start()
     try:
@@ -501,7 +513,10 @@ def _run_static(args: Any) -> Optional[List[Any]]:
             # horovod runs from a source tree: make sure the ranks import this same copy.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
         try:
-            gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr)
+            if use_mpi:
+                _launch_run_func_mpi(settings, env, command, rendezvous)
+            else:
+                gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr)
         except JobFailedError as exc:
             error = run_func.failure_for_rank(rendezvous.store, exc.failure.rank, exc.failure.hostname)
             if error is not None:
@@ -510,6 +525,30 @@ def _run_static(args: Any) -> Optional[List[Any]]:
         return run_func.collect_results(rendezvous.store, np)
     finally:
         rendezvous.stop()
+
+
+def _launch_run_func_mpi(settings: Any, env: dict, command: List[str], rendezvous: Any) -> None:
+    """``horovod.run(..., use_mpi=True)``: the ranks run ``run_task`` under mpirun and report to the store.
+
+    They need the job secret to reach the store: it is exported to them by name (``-x _HOROVOD_SECRET_KEY``),
+    its value travelling only in mpirun's environment.
+    """
+    import subprocess
+
+    from horovod.common.wire import SECRET_ENV
+
+    from . import mpi_run, run_func
+
+    env[SECRET_ENV] = rendezvous.secret
+    try:
+        mpi_run.mpi_run(settings, settings.nics, env, command, export_secret=True, stdin=subprocess.DEVNULL)
+    except mpi_run.MpirunError:
+        # mpirun named no rank: report the first rank that stored an exception, if any did.
+        for rank in range(settings.num_proc):
+            error = run_func.failure_for_rank(rendezvous.store, rank, None)
+            if error is not None:
+                raise error from error.__cause__
+        raise
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -523,13 +562,14 @@ def _configure_logging(verbose: bool) -> None:
 
 def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
     """Entry point of ``horovodrun`` and ``python -m horovod.runner``; exits with the job's status."""
+    from .mpi_run import MpirunError
     from .process import JobFailedError, JobInterruptedError, WorkerStartError
 
     args = parse_args(argv)
     _configure_logging(bool(args.verbose))
     try:
         _run(args)
-    except (JobFailedError, JobInterruptedError) as exc:
+    except (JobFailedError, JobInterruptedError, MpirunError) as exc:
         log.error("%s", exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

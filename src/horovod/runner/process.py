@@ -297,12 +297,16 @@ class _Worker:
 
 
 def _install_signal_handlers(events: queue.SimpleQueue) -> Dict[int, object]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
     def handler(signum, frame):  # SimpleQueue.put is reentrant: safe in a signal handler
         events.put(("signal", signum))
 
+    return install_stop_handlers(handler)
+
+
+def install_stop_handlers(handler) -> Dict[int, object]:
+    """Route SIGINT, SIGTERM and SIGHUP to ``handler`` (main thread only); returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
     previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
@@ -312,7 +316,8 @@ def _install_signal_handlers(events: queue.SimpleQueue) -> Dict[int, object]:
     return previous
 
 
-def _restore_signal_handlers(previous: Dict[int, object]) -> None:
+def restore_signal_handlers(previous: Dict[int, object]) -> None:
+    """Put back the handlers that :func:`install_stop_handlers` replaced."""
     for signum, old in previous.items():
         try:
             signal.signal(signum, old)
@@ -402,7 +407,7 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
         _reap_leftovers(workers)
         for w in workers:
             w.close()
-        _restore_signal_handlers(previous)
+        restore_signal_handlers(previous)
     if stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
     if stop_signal is not None:

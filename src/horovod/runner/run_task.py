@@ -1,12 +1,12 @@
 """Worker side of ``horovod.run``: ``python -m horovod.runner.run_task [<driver_addr> <port>]``.
 
 Connects to the job's rendezvous store (address from the arguments or ``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT``,
-secret from ``_HOROVOD_SECRET_KEY``), fetches the function, runs it, and stores its result or its exception
+secret from ``_HOROVOD_SECRET_KEY``; the rank from ``HOROVOD_RANK``, or from mpirun's ``OMPI_COMM_WORLD_RANK`` /
+``PMI_RANK``), fetches the function, runs it, and stores its result or its exception
 with the traceback under this rank. Exits 1 when the function raised.
 """
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import List, Optional
@@ -17,6 +17,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from horovod.common import config, wire
     from horovod.common.kvstore import KVStoreClient
     from horovod.runner import run_func
+    from horovod.runner.common.util.env import get_env_rank_and_size
 
     argv = sys.argv[1:] if argv is None else argv
     addr = argv[0] if len(argv) >= 2 else config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
@@ -26,7 +27,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("horovod.runner.run_task must be started by horovod.run (no rendezvous address or "
                          "secret in the environment).\n")
         return 2
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    placed = get_env_rank_and_size()  # HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK/PMI_RANK from mpirun
+    rank = placed[0] if placed is not None else 0
     client = KVStoreClient(addr, int(port), key, timeout=config.get("HOROVOD_START_TIMEOUT"))
     try:
         payload = client.get(run_func.FUNC_SCOPE, run_func.FUNC_KEY)
