@@ -474,3 +474,38 @@ def test_init_with_a_communicator_and_the_gloo_controller_is_refused(hvd, MPI, c
     clean_env.setenv("HOROVOD_CONTROLLER", "gloo")
     with pytest.raises(ValueError, match="needs the MPI controller, but HOROVOD_CONTROLLER=gloo"):
         hvd.init(comm=MPI.COMM_SELF)
+
+
+def test_default_routes_reductions_by_size_and_moves_everything_over_mpi(choose, MPI):
+    from horovod.backends.routed import RoutedBackend
+
+    backend, reason = choose(["a", "a"], fake_mpi(MPI))
+    assert isinstance(backend, RoutedBackend), reason
+    assert "reductions up to 1 MiB and data movement up to any size" in reason, reason
+    assert isinstance(backend._for_reduce(1 << 20), MPIBackend)
+    assert isinstance(backend._for_reduce((1 << 20) + 4), FakeShm)
+    assert isinstance(backend._for_move(1 << 40), MPIBackend)
+
+
+def test_routed_backend_sends_each_collective_to_the_plane_for_its_size():
+    from horovod.backends.routed import RoutedBackend
+
+    class Recorder:
+        def __init__(self, name):
+            self.name, self.rank, self.size, self.calls = name, 0, 2, []
+
+        def __getattr__(self, op):
+            return lambda *args, **kwargs: self.calls.append(op)
+
+    small, large = Recorder("small"), Recorder("large")
+    routed = RoutedBackend(small, large, reduce_max_bytes=64, move_max_bytes=16)
+    f32 = np.zeros(16, np.float32)                       # 64 bytes
+    routed.allreduce([f32], [f32], ReduceOp.SUM)
+    routed.allreduce([f32, f32], [f32, f32], ReduceOp.SUM)   # fused: 128 bytes
+    routed.reducescatter(f32, f32[:8], [8, 8], ReduceOp.SUM)
+    routed.broadcast(f32[:4], 0)                         # 16 bytes
+    routed.allgatherv(f32[:2], f32[:5], [2, 3])          # the gathered size counts: 20 bytes
+    routed.alltoallv(f32, [1, 1], f32, [1, 1], max_count=2)  # 2 x 2 ranks x 4 bytes = 16 bytes
+    routed.barrier()
+    assert small.calls == ["allreduce", "reducescatter", "broadcast", "alltoallv", "barrier"]
+    assert large.calls == ["allreduce", "allgatherv"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from typing import Optional, Tuple
 
 from horovod.backends.base import Backend
@@ -59,14 +60,14 @@ def make_backend(mesh: Mesh, job: str, generation: int, mpi: Optional[MPIContext
                                                               if choice == "SHM" else "")
         if not mpi_usable:
             return shm, f"shm: every rank is on this host; MPI is not used for data because {_no_threads_reason(mpi)}"
-        reduce_max = config.get("HOROVOD_MPI_REDUCE_MAX_BYTES")
-        move_max = config.get("HOROVOD_MPI_MOVE_MAX_BYTES")
-        if reduce_max <= 0 and move_max <= 0:
+        reduce_max = _limit(config.get("HOROVOD_MPI_REDUCE_MAX_BYTES"))
+        move_max = _limit(config.get("HOROVOD_MPI_MOVE_MAX_BYTES"))
+        if reduce_max == 0 and move_max == 0:
             return shm, "shm: every rank is on this host (HOROVOD_MPI_*_MAX_BYTES are 0)"
         return RoutedBackend(MPIBackend(mpi.comm), shm, reduce_max, move_max), (
             f"mpi+shm: every rank is on this host; MPI ({mpi.library}) runs reductions up to "
-            f"{_size(reduce_max)} and data movement up to {_size(move_max)}, the built-in shm plane larger "
-            "ones, the faster choice measured for each (docs/benchmarks.md; HOROVOD_MPI_REDUCE_MAX_BYTES, "
+            f"{_size(reduce_max)} and data movement up to {_size(move_max)}, the built-in shm plane the rest, "
+            "the faster choice measured for each (docs/benchmarks.md; HOROVOD_MPI_REDUCE_MAX_BYTES, "
             "HOROVOD_MPI_MOVE_MAX_BYTES)")
     if choice == "SHM":
         log.warning("HOROVOD_CPU_OPERATIONS=shm but the job spans %d hosts; using shm inside hosts and %s "
@@ -91,7 +92,14 @@ def make_backend(mesh: Mesh, job: str, generation: int, mpi: Optional[MPIContext
     return backend, f"hierarchical: shm inside each of {len(by_host)} hosts, tcp between them"
 
 
+def _limit(nbytes: int) -> int:
+    """A HOROVOD_MPI_*_MAX_BYTES value as a byte limit: negative means no limit."""
+    return sys.maxsize if nbytes < 0 else nbytes
+
+
 def _size(nbytes: int) -> str:
+    if nbytes >= sys.maxsize:
+        return "any size"
     if nbytes <= 0:
         return "0 B"
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

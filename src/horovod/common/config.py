@@ -102,10 +102,10 @@ _KNOBS = [
          "Longest time a ready tensor that no rank is waiting for is held to fill a bucket.", ours=True),
     Knob("HOROVOD_MPI_REDUCE_MAX_BYTES", int, 1024 * 1024,
          "Under MPI on one host, allreduce and reducescatter up to this size use MPI, larger ones the built-in "
-         "shm plane (the measured crossover); 0 = always shm.", ours=True),
-    Knob("HOROVOD_MPI_MOVE_MAX_BYTES", int, 16 * 1024 * 1024,
+         "shm plane (the measured crossover); -1 = any size, 0 = always shm.", ours=True),
+    Knob("HOROVOD_MPI_MOVE_MAX_BYTES", int, -1,
          "Under MPI on one host, allgather, broadcast and alltoall up to this size use MPI, larger ones the "
-         "built-in shm plane; 0 = always shm.", ours=True),
+         "built-in shm plane; -1 = any size (the measured best), 0 = always shm.", ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),

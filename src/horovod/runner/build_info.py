@@ -122,10 +122,13 @@ def format_data_planes(info: BuildInfo) -> str:
              "    horovodrun, one host:       shm (shared memory)",
              "    horovodrun, several hosts:  hierarchical: shm inside hosts, tcp between them"]
     if info.mpi:
-        reduce_max = config.get("HOROVOD_MPI_REDUCE_MAX_BYTES")
-        move_max = config.get("HOROVOD_MPI_MOVE_MAX_BYTES")
-        lines += [f"    MPI, one host:              mpi+shm: MPI for reductions up to {reduce_max} B and data "
-                  f"movement up to {move_max} B, shm above (the faster of each, measured)",
+        def limit(name: str) -> str:
+            value = config.get(name)
+            return "any size" if value < 0 else f"{value} B"
+
+        lines += [f"    MPI, one host:              mpi+shm: MPI for reductions up to "
+                  f"{limit('HOROVOD_MPI_REDUCE_MAX_BYTES')} and data movement up to "
+                  f"{limit('HOROVOD_MPI_MOVE_MAX_BYTES')}, shm for the rest (the faster of each, measured)",
                   "    MPI, several hosts:         hierarchical: shm inside hosts, MPI between them",
                   "    MPI without MPI_THREAD_MULTIPLE or with HOROVOD_MPI_THREADS_DISABLE: as horovodrun"]
     else:
