@@ -13,6 +13,7 @@ from typing import List, Sequence
 import numpy as np
 
 from horovod.backends.reduce import scale_inplace, scaled_copy
+from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
 
 
@@ -32,20 +33,28 @@ class Backend(abc.ABC):
         """Reduce each ``inputs[i]`` across ranks into ``outputs[i]`` (which may alias it), scaled as asked."""
         if len(inputs) == 1:
             buf = outputs[0]
-            scaled_copy(buf, inputs[0], prescale)
-            self.allreduce_buffer(buf, op)
-            scale_inplace(buf, postscale)
+            with activity(self.op_label("ALLREDUCE", buf.nbytes)):
+                scaled_copy(buf, inputs[0], prescale)
+                self.allreduce_buffer(buf, op)
+                scale_inplace(buf, postscale)
             return
         buf = self.fusion_buffer(sum(a.size for a in inputs), inputs[0].dtype)
         offset = 0
-        for a in inputs:
-            scaled_copy(buf[offset:offset + a.size], a, prescale)
-            offset += a.size
-        self.allreduce_buffer(buf, op)
+        with activity("MEMCPY_IN_FUSION_BUFFER"):
+            for a in inputs:
+                scaled_copy(buf[offset:offset + a.size], a, prescale)
+                offset += a.size
+        with activity(self.op_label("ALLREDUCE", buf.nbytes)):
+            self.allreduce_buffer(buf, op)
         offset = 0
-        for out in outputs:
-            scaled_copy(out, buf[offset:offset + out.size], postscale)
-            offset += out.size
+        with activity("MEMCPY_OUT_FUSION_BUFFER"):
+            for out in outputs:
+                scaled_copy(out, buf[offset:offset + out.size], postscale)
+                offset += out.size
+
+    def op_label(self, op: str, nbytes: int) -> str:
+        """The timeline's name for this data plane's ``op`` (e.g. ``SHM_ALLREDUCE``, ``MPI_BCAST``)."""
+        return f"{self.name.upper()}_{op}"
 
     def fusion_buffer(self, count: int, dtype: np.dtype) -> np.ndarray:
         """A reusable scratch buffer of ``count`` elements (grown on demand, never shrunk)."""

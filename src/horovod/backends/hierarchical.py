@@ -9,12 +9,11 @@ Requires every host to have the same number of ranks (the selector falls back to
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from horovod.backends.base import Backend
-from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.backends.shm import ShmBackend
 from horovod.backends.tcp import split_counts
 from horovod.common.types import ReduceOp
@@ -29,16 +28,6 @@ class HierarchicalBackend(Backend):
         super().__init__(flat.rank, flat.size)
         self.flat, self.local, self.cross = flat, local, cross
         self._block = np.empty(0, np.uint8)
-
-    def allreduce(self, inputs: List[np.ndarray], outputs: List[np.ndarray], op: ReduceOp,
-                  prescale: float = 1.0, postscale: float = 1.0) -> None:
-        if len(inputs) == 1:
-            buf = outputs[0]
-            scaled_copy(buf, inputs[0], prescale)
-            self.allreduce_buffer(buf, op)
-            scale_inplace(buf, postscale)
-            return
-        super().allreduce(inputs, outputs, op, prescale, postscale)
 
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
         counts = split_counts(buf.size, self.local.size)

@@ -19,6 +19,7 @@ import numpy as np
 
 from horovod.backends.base import Backend, offsets
 from horovod.backends.reduce import scale_inplace, scaled_copy
+from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
 
 _WIDEN = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
@@ -62,11 +63,12 @@ class MPIBackend(Backend):
         if len(inputs) == 1 and prescale == 1.0 and inputs[0].dtype not in _WIDEN:
             inp, out = inputs[0], outputs[0]
             mpi_op = self._op(inp.dtype, op)
-            if inp is out or np.shares_memory(inp, out):
-                self.comm.Allreduce(self._MPI.IN_PLACE, self._spec(out), mpi_op)
-            else:
-                self.comm.Allreduce(self._spec(inp), self._spec(out), mpi_op)
-            scale_inplace(out, postscale)
+            with activity("MPI_ALLREDUCE"):
+                if inp is out or np.shares_memory(inp, out):
+                    self.comm.Allreduce(self._MPI.IN_PLACE, self._spec(out), mpi_op)
+                else:
+                    self.comm.Allreduce(self._spec(inp), self._spec(out), mpi_op)
+                scale_inplace(out, postscale)
             return
         super().allreduce(inputs, outputs, op, prescale, postscale)
 

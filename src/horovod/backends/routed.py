@@ -33,6 +33,10 @@ class RoutedBackend(Backend):
     def _for_move(self, nbytes: int) -> Backend:
         return self.small if nbytes <= self.move_max else self.large
 
+    def op_label(self, op: str, nbytes: int) -> str:
+        plane = self._for_reduce(nbytes) if op in ("ALLREDUCE", "REDUCESCATTER") else self._for_move(nbytes)
+        return plane.op_label(op, nbytes)
+
     def allreduce(self, inputs: List[np.ndarray], outputs: List[np.ndarray], op: ReduceOp,
                   prescale: float = 1.0, postscale: float = 1.0) -> None:
         nbytes = sum(a.nbytes for a in inputs)

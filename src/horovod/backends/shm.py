@@ -23,6 +23,7 @@ import numpy as np
 from horovod.backends.base import Backend, offsets
 from horovod.backends.comm import Comm
 from horovod.backends.reduce import combine, reduce_into, scaled_copy
+from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
 
 ALIGN = 64
@@ -165,19 +166,22 @@ class ShmBackend(Backend):
         barrier = self.comm.barrier
         for base in range(0, total, per_chunk):
             n = min(per_chunk, total - base)
-            if len(inputs) == 1:
-                scaled_copy(mine[:n], inputs[0][base:base + n], prescale)
-            else:
-                _copy_from_list(inputs, base, mine[:n], prescale)
-            barrier()
-            lo, hi = _segment(n, self.size, self.rank, dtype.itemsize)
-            if hi > lo:
-                self._reduce_segment(lo, hi, dtype, op, result[lo:hi])
-            barrier()
-            if len(outputs) == 1:
-                scaled_copy(outputs[0][base:base + n], result[:n], postscale)
-            else:
-                _copy_to_list(result[:n], outputs, base, postscale)
+            with activity("MEMCPY_IN_FUSION_BUFFER"):     # the shared segment is the fusion buffer
+                if len(inputs) == 1:
+                    scaled_copy(mine[:n], inputs[0][base:base + n], prescale)
+                else:
+                    _copy_from_list(inputs, base, mine[:n], prescale)
+            with activity("SHM_ALLREDUCE"):
+                barrier()
+                lo, hi = _segment(n, self.size, self.rank, dtype.itemsize)
+                if hi > lo:
+                    self._reduce_segment(lo, hi, dtype, op, result[lo:hi])
+                barrier()
+            with activity("MEMCPY_OUT_FUSION_BUFFER"):
+                if len(outputs) == 1:
+                    scaled_copy(outputs[0][base:base + n], result[:n], postscale)
+                else:
+                    _copy_to_list(result[:n], outputs, base, postscale)
 
     def _small_allreduce(self, inputs, outputs, total, dtype, op, prescale, postscale) -> None:
         """One barrier instead of two: every rank reduces the whole (small) buffer itself, in rank order.
@@ -188,22 +192,25 @@ class ShmBackend(Backend):
         """
         base = self._small_half(dtype)
         slots = [self.seg.slot(r, dtype)[base:base + total] for r in range(self.size)]
-        if len(inputs) == 1:
-            scaled_copy(slots[self.rank], inputs[0], prescale)
-        else:
-            _copy_from_list(inputs, 0, slots[self.rank], prescale)
-        self.comm.barrier()
-        acc = self.fusion_buffer(total, dtype)
-        if self.size == 1:
-            np.copyto(acc, slots[0])
-        else:
-            combine(acc, slots[0], slots[1], op)
-            for r in range(2, self.size):
-                reduce_into(acc, slots[r], op)
-        if len(outputs) == 1:
-            scaled_copy(outputs[0], acc, postscale)
-        else:
-            _copy_to_list(acc, outputs, 0, postscale)
+        with activity("MEMCPY_IN_FUSION_BUFFER"):
+            if len(inputs) == 1:
+                scaled_copy(slots[self.rank], inputs[0], prescale)
+            else:
+                _copy_from_list(inputs, 0, slots[self.rank], prescale)
+        with activity("SHM_ALLREDUCE"):
+            self.comm.barrier()
+            acc = self.fusion_buffer(total, dtype)
+            if self.size == 1:
+                np.copyto(acc, slots[0])
+            else:
+                combine(acc, slots[0], slots[1], op)
+                for r in range(2, self.size):
+                    reduce_into(acc, slots[r], op)
+        with activity("MEMCPY_OUT_FUSION_BUFFER"):
+            if len(outputs) == 1:
+                scaled_copy(outputs[0], acc, postscale)
+            else:
+                _copy_to_list(acc, outputs, 0, postscale)
 
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
         self.allreduce([buf], [buf], op)

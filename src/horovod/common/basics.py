@@ -103,7 +103,7 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
     knobs = _knobs(topo)
     if topo.size == 1:
         backend = LocalBackend()
-        return Engine(0, 1, backend, {}, on_close=backend.close, **knobs).start(), "local (a single rank)"
+        return _started(Engine(0, 1, backend, {}, on_close=backend.close, **knobs)), "local (a single rank)"
     from horovod.backends.factory import make_backend
     from horovod.backends.mesh import build_mesh, default_bind_address
 
@@ -123,7 +123,7 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
         backend.close()
         mesh.close()
 
-    engine = Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs).start()
+    engine = _started(Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs))
     return engine, reason
 
 
@@ -170,10 +170,40 @@ def shutdown() -> None:
         if engine is None:
             return
         engine.shutdown()
+        engine.stop_timeline()
         if mpi is not None:
             mpi.close()
         global_process_set.process_set_id = 0
         global_process_set.mpi_comm = None
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start recording a timeline to ``file_path`` (rank 0 writes it); replaces a timeline being recorded.
+
+    As upstream, needs HOROVOD_TIMELINE to be set when the job starts (``HOROVOD_TIMELINE=DYNAMIC`` enables the
+    timeline without recording until this call). Can be called again, with another file, after stop_timeline.
+    """
+    current = engine()
+    if not config.get("HOROVOD_TIMELINE"):
+        raise ValueError("Timeline is not enabled: set HOROVOD_TIMELINE=DYNAMIC (or a file name) before the job "
+                         "starts, e.g. `horovodrun --timeline-filename DYNAMIC ...`, to use start_timeline().")
+    if not file_path:
+        raise ValueError("start_timeline() needs a file path to write the timeline to.")
+    current.start_timeline(str(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stop recording the timeline and close its file (it stays valid JSON)."""
+    engine().stop_timeline()
+
+
+def _started(current: Engine) -> Engine:
+    """Start the engine thread, recording from the first request when HOROVOD_TIMELINE names a file
+    (DYNAMIC waits for start_timeline())."""
+    path = config.get("HOROVOD_TIMELINE")
+    if path and path.upper() != "DYNAMIC":
+        current.start_timeline(path, config.get("HOROVOD_TIMELINE_MARK_CYCLES"))
+    return current.start()
 
 
 def is_initialized() -> bool:

@@ -30,6 +30,7 @@ from horovod.common.messages import (
     TensorResponse,
 )
 from horovod.common.response_cache import ResponseCache
+from horovod.common.timeline import Timeline
 from horovod.common.types import DataType, ReduceOp, RequestType, numpy_dtype
 
 _OP_NAMES = {int(v): v.name for v in RequestType}
@@ -97,6 +98,7 @@ class Coordinator:
         self._joined: Set[int] = set()
         self._last_joined = -1
         self._join_done = False
+        self.timeline: Optional[Timeline] = None      # set on the coordinator while a timeline records
 
     # ----------------------------------------------------------------- intake
     def add_request(self, rank: int, request: list) -> None:
@@ -111,9 +113,14 @@ class Coordinator:
             return
         name = request[0]
         entry = self._pending.get(name)
+        timeline = self.timeline
         if entry is None:
             entry = self._pending[name] = _Pending()
+            if timeline is not None:
+                timeline.negotiate_start(name, _OP_NAMES[request[R_TYPE]])
         entry.requests[rank] = request
+        if timeline is not None:
+            timeline.rank_ready(name, rank)
         self._refresh(name, entry)
 
     def _refresh(self, name: str, entry: _Pending) -> None:
@@ -121,7 +128,13 @@ class Coordinator:
             return
         if len(entry.requests) + len(self._joined.difference(entry.requests)) >= self.size:
             self._ready[name] = time.monotonic()
-            self._ready_bytes += _request_bytes(next(iter(entry.requests.values())))
+            first = next(iter(entry.requests.values()))
+            self._ready_bytes += _request_bytes(first)
+            timeline = self.timeline
+            if timeline is not None:
+                timeline.negotiate_end(name)
+                timeline.begin((name,), _OP_NAMES[first[R_TYPE]])
+                timeline.begin((name,), "QUEUE")
 
     def mark_urgent(self, names) -> None:
         """Some rank waits on these tensors: emit them as soon as they are ready (unknown names are ignored,
@@ -188,6 +201,8 @@ class Coordinator:
             else:
                 names = [name]
             unit = responses if not group else []
+            if self.timeline is not None:
+                self.timeline.end(names)           # QUEUE: emitted now
             for member in names:
                 self._ready.pop(member, None)      # members held by an earlier call already left the order
                 requests = self._pending.pop(member).requests

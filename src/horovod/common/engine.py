@@ -27,12 +27,13 @@ import numpy as np
 from horovod.backends.base import Backend
 from horovod.backends.comm import PeerLostError
 from horovod.backends.reduce import scale_inplace, scaled_copy
-from horovod.common import wire
+from horovod.common import stall_inspector, wire
 from horovod.common.controller import Coordinator
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.common.handles import Handle
 from horovod.common.messages import BATCH, ERROR, JOIN, R_NAME, TensorResponse
 from horovod.common.response_cache import ResponseCache
+from horovod.common.timeline import Timeline, activity, executing
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 
 log = logging.getLogger("horovod.engine")
@@ -104,6 +105,8 @@ class Engine:
         self._wake_r.setblocking(False)
         self._stop = False
         self._dead: Optional[HorovodInternalError] = None
+        self.timeline: Optional[Timeline] = None    # rank 0 only, while recording
+        self.stall = stall_inspector.from_config(size) if rank == 0 and size > 1 else None
         self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
 
     # ------------------------------------------------------------------ user side
@@ -178,6 +181,24 @@ class Engine:
         if self._thread.is_alive():
             log.warning("rank %d: the engine thread did not stop in time; abandoning it", self.rank)
             self._fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Record a timeline to ``path`` (rank 0 writes it; other ranks have nothing to record)."""
+        if self.coordinator is None:
+            return
+        new = Timeline(path, mark_cycles)
+        old, self.timeline = self.timeline, new
+        self.coordinator.timeline = new
+        if old is not None:
+            old.close()
+
+    def stop_timeline(self) -> None:
+        """Stop recording and close the file (a no-op when no timeline records)."""
+        old, self.timeline = self.timeline, None
+        if self.coordinator is not None:
+            self.coordinator.timeline = None
+        if old is not None:
+            old.close()
 
     # ---------------------------------------------------------------- engine side
     def _main(self) -> None:
@@ -272,7 +293,13 @@ class Engine:
                 self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
                 return
             due = coord.emit_due(time.monotonic(), self.bucket_bytes, self.hold_s)
+            stall_due = self._inspect_stalls(coord)
+            if stall_due is not None:
+                due = stall_due if due is None else min(due, stall_due)
             if due == 0.0:
+                timeline = self.timeline
+                if timeline is not None:
+                    timeline.cycle()
                 items = coord.take_ready()
                 if items:
                     self._broadcast(["L", items])
@@ -298,6 +325,18 @@ class Engine:
                     selector.unregister(key.fileobj)
                 elif kind == "A":
                     raise HorovodInternalError(msg[1])
+
+    def _inspect_stalls(self, coord: Coordinator) -> Optional[float]:
+        """Run the stall inspector when due; seconds until it is due again (None: nothing is partial)."""
+        inspector = self.stall
+        if inspector is None or not coord.has_partial():
+            return None
+        now = time.monotonic()
+        if now >= inspector.next_check:
+            message = inspector.check(coord.pending_names(), coord.joined, now)
+            if message is not None:
+                raise HorovodInternalError(message)
+        return max(inspector.due_in(now), 1e-3)
 
     def _broadcast(self, msg: list, best_effort: bool = False) -> None:
         """Send ``msg`` to every worker; with ``best_effort`` (shutdown, abort) skip peers that are gone."""
@@ -393,7 +432,10 @@ class Engine:
             if kind == BATCH:
                 self._execute(payload)
             elif kind == ERROR:
+                timeline = self.timeline
                 for name in payload[1]:
+                    if timeline is not None:
+                        timeline.end_error(name, payload[2])
                     entry = self._pop(name)
                     if entry is not None:
                         entry.handle.set_error(HorovodInternalError(payload[2]))
@@ -409,8 +451,12 @@ class Engine:
     def _execute(self, batch: List[TensorResponse]) -> None:
         with self._lock:
             entries = [self._table.pop(r.name, None) for r in batch]
+        timeline = self.timeline
         try:
-            self._run_batch(batch, entries)
+            if timeline is None:
+                self._run_batch(batch, entries)
+            else:
+                self._run_recorded(timeline, batch, entries)
         except BaseException as exc:
             # These entries already left the table, so the abort that follows cannot reach them: fail them here.
             error = HorovodInternalError(str(exc) if isinstance(exc, (PeerLostError, HorovodInternalError)) else
@@ -420,6 +466,17 @@ class Engine:
                 if entry is not None:
                     entry.handle.set_error(error)
             raise
+
+    def _run_recorded(self, timeline: Timeline, batch: List[TensorResponse],
+                      entries: List[Optional[Entry]]) -> None:
+        """Run a batch while the data plane marks its activities on the timeline, then end each tensor's op."""
+        executing(timeline, [r.name for r in batch])
+        try:
+            self._run_batch(batch, entries)
+        finally:
+            executing(None, [])
+            for response in batch:
+                timeline.end_op(response.name, numpy_dtype(response.dtype).name, response.shape)
 
     def _run_batch(self, batch: List[TensorResponse], entries: List[Optional[Entry]]) -> None:
         first = batch[0]
@@ -450,14 +507,16 @@ class Engine:
             row = int(np.prod(first.shape)) if first.shape else 1
             counts = [d * row for d in first.extra]
             out = (entry.allocate or _default_allocate)((sum(first.extra), *first.shape), dtype)
-            backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+            with activity(backend.op_label("ALLGATHER", out.nbytes)):
+                backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
             entry.handle.set_result(entry.index, out)
         elif rtype == RequestType.BROADCAST:
             entry = entries[0]
             out = entry.output
             if out is not entry.tensor and self.rank == first.root:
                 np.copyto(out, entry.tensor)
-            backend.broadcast(out.reshape(-1), first.root)
+            with activity(backend.op_label("BCAST", out.nbytes)):
+                backend.broadcast(out.reshape(-1), first.root)
             entry.handle.set_result(entry.index, out)
         elif rtype == RequestType.ALLTOALL:
             entry = entries[0]
@@ -465,8 +524,10 @@ class Engine:
             row = int(np.prod(first.shape)) if first.shape else 1
             received = [matrix[src][self.rank] for src in range(self.size)]
             out = (entry.allocate or _default_allocate)((sum(received), *first.shape), dtype)
-            backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in matrix[self.rank]], out.reshape(-1),
-                              [r * row for r in received], max_count=max(max(r) for r in matrix) * row)
+            max_count = max(max(r) for r in matrix) * row
+            with activity(backend.op_label("ALLTOALL", max_count * self.size * dtype.itemsize)):
+                backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in matrix[self.rank]], out.reshape(-1),
+                                  [r * row for r in received], max_count=max_count)
             entry.handle.set_result(entry.index, (out, np.asarray(received, np.int32)))
         elif rtype == RequestType.REDUCESCATTER:
             entry = entries[0]
@@ -483,7 +544,8 @@ class Engine:
             postscale = first.postscale
             if op == ReduceOp.AVERAGE:
                 op, postscale = ReduceOp.SUM, postscale / self.size
-            backend.reducescatter(inp, out.reshape(-1), [r * row for r in rows], ReduceOp(op))
+            with activity(backend.op_label("REDUCESCATTER", inp.nbytes)):
+                backend.reducescatter(inp, out.reshape(-1), [r * row for r in rows], ReduceOp(op))
             scale_inplace(out, postscale)
             entry.handle.set_result(entry.index, out)
         elif rtype == RequestType.BARRIER:

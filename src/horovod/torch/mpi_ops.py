@@ -64,12 +64,13 @@ def shutdown(*args, **kwargs) -> None:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """The timeline comes with the see-and-tune feature; raises until then."""
-    raise NotImplementedError("The timeline is not available in this release yet.")
+    """Start recording a timeline to ``file_path`` (needs HOROVOD_TIMELINE, e.g. DYNAMIC, at start)."""
+    basics.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    raise NotImplementedError("The timeline is not available in this release yet.")
+    """Stop recording the timeline."""
+    basics.stop_timeline()
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
