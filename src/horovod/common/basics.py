@@ -13,6 +13,7 @@ import threading
 from typing import Optional, Sequence
 
 from horovod.common import config, logging_setup, mpi_context, topology, wire
+from horovod.common.autotune import make_autotuner
 from horovod.common.engine import Engine
 from horovod.common.exceptions import not_initialized
 from horovod.common.fusion import aligned_threshold
@@ -87,7 +88,13 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
 
 def _knobs(topo: topology.Topology) -> dict:
     threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
+    tuner = None
+    if topo.rank == 0 and topo.size > 1:    # rank 0 decides; every rank applies its values (engine.PARAMS)
+        tuner = make_autotuner({"fusion_threshold": config.get("HOROVOD_FUSION_THRESHOLD"),
+                                "cycle_time_ms": config.get("HOROVOD_CYCLE_TIME"),
+                                "cache_enabled": config.get("HOROVOD_CACHE_CAPACITY") > 0})
     return dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
+                autotuner=tuner, align_threshold=lambda nbytes: aligned_threshold(nbytes, topo.local_size),
                 cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
                 disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
                 spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),

@@ -28,10 +28,11 @@ from horovod.backends.base import Backend
 from horovod.backends.comm import PeerLostError
 from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.common import stall_inspector, wire
+from horovod.common.autotune import Autotuner
 from horovod.common.controller import Coordinator
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.common.handles import Handle
-from horovod.common.messages import BATCH, ERROR, JOIN, R_NAME, TensorResponse
+from horovod.common.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
 from horovod.common.response_cache import ResponseCache
 from horovod.common.timeline import Timeline, activity, executing
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
@@ -79,7 +80,9 @@ class Engine:
                  cache_capacity: int, fusion_threshold: int, cycle_time_ms: float,
                  disable_group_fusion: bool = False, on_close: Optional[Callable[[], None]] = None,
                  spin_us: float = 0.0, affinity: Optional[int] = None,
-                 hosts: Optional[List[str]] = None, bucket_bytes: int = 0, bucket_ms: float = 0.0) -> None:
+                 hosts: Optional[List[str]] = None, bucket_bytes: int = 0, bucket_ms: float = 0.0,
+                 autotuner: Optional[Autotuner] = None,
+                 align_threshold: Callable[[int], int] = lambda nbytes: nbytes) -> None:
         self.rank = rank
         self.size = size
         self.backend = backend
@@ -100,7 +103,13 @@ class Engine:
         self._send_lock = threading.Lock()
         self._urgent: List[str] = []
         self.bucket_bytes = bucket_bytes
+        self.bucket_ms = bucket_ms
         self.hold_s = max(self.cycle_s, bucket_ms / 1000.0 if bucket_bytes > 0 else 0.0)
+        self.autotuner = autotuner if rank == 0 else None
+        self.align_threshold = align_threshold
+        self._cache_capacity = cache_capacity
+        self._done_names: List[str] = []      # executed since the autotuner last looked (rank 0, autotune only)
+        self._done_bytes = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stop = False
@@ -305,6 +314,8 @@ class Engine:
                     self._broadcast(["L", items])
                     self._apply(items)
                     self._active()
+                    if self.autotuner is not None:
+                        self._autotune()
                 continue
             timeout = IDLE_WAKE_SECONDS if due is None else due
             for key, _ in self._sleep(selector, timeout):
@@ -325,6 +336,31 @@ class Engine:
                     selector.unregister(key.fileobj)
                 elif kind == "A":
                     raise HorovodInternalError(msg[1])
+
+    def _autotune(self) -> None:
+        """Feed the autotuner what just ran; when it proposes new values, every rank applies them next."""
+        names, self._done_names = self._done_names, []
+        nbytes, self._done_bytes = self._done_bytes, 0
+        params = self.autotuner.record(names, nbytes, time.monotonic())
+        if params is not None:
+            item = [PARAMS, params]
+            self._broadcast(["L", [item]])
+            self._apply([item])
+        if self.autotuner.done:
+            self.autotuner.close()
+            self.autotuner = None
+
+    def _set_params(self, params: dict) -> None:
+        """Apply tunables decided by rank 0's autotuner (every rank, at the same point of the stream)."""
+        if "cycle_time_ms" in params:
+            self.cycle_s = max(0.0, float(params["cycle_time_ms"])) / 1000.0
+            self.hold_s = max(self.cycle_s, self.bucket_ms / 1000.0 if self.bucket_bytes > 0 else 0.0)
+        if "fusion_threshold" in params and self.coordinator is not None:
+            self.coordinator.fusion_threshold = self.align_threshold(int(params["fusion_threshold"]))
+        if "cache_enabled" in params:
+            wanted = self._cache_capacity if params["cache_enabled"] else 0
+            if wanted != self.cache.capacity:
+                self.cache.set_capacity(wanted)
 
     def _inspect_stalls(self, coord: Coordinator) -> Optional[float]:
         """Run the stall inspector when due; seconds until it is due again (None: nothing is partial)."""
@@ -439,6 +475,8 @@ class Engine:
                     entry = self._pop(name)
                     if entry is not None:
                         entry.handle.set_error(HorovodInternalError(payload[2]))
+            elif kind == PARAMS:
+                self._set_params(payload[1])
             elif kind == JOIN:
                 entry = self._pop("join.noname")
                 if entry is not None:
@@ -452,6 +490,9 @@ class Engine:
         with self._lock:
             entries = [self._table.pop(r.name, None) for r in batch]
         timeline = self.timeline
+        if self.autotuner is not None:
+            self._done_names.extend(r.name for r in batch)
+            self._done_bytes += sum(r.numel() * numpy_dtype(r.dtype).itemsize for r in batch)
         try:
             if timeline is None:
                 self._run_batch(batch, entries)
@@ -606,6 +647,8 @@ class Engine:
         self._fail_all(HorovodInternalError(reason))
 
     def _close(self) -> None:
+        if self.autotuner is not None:
+            self.autotuner.close()
         with self._lock:
             if self._dead is None:
                 self._dead = HorovodInternalError(SHUT_DOWN_MESSAGE)

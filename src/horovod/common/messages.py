@@ -73,5 +73,6 @@ class TensorResponse:
 
 
 # Response list items: a tensor batch is ["T", [item, ...]] where each item is a cache id (int) or a
-# wire TensorResponse (list); errors are ["E", [names], message]; join completion is ["J", last_joined_rank].
-BATCH, ERROR, JOIN = "T", "E", "J"
+# wire TensorResponse (list); errors are ["E", [names], message]; join completion is ["J", last_joined_rank];
+# new tunable values from the autotuner are ["P", {name: value}], applied by every rank at that point.
+BATCH, ERROR, JOIN, PARAMS = "T", "E", "J", "P"

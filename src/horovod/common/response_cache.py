@@ -66,6 +66,15 @@ class ResponseCache:
             self._by_id.append(response)
         self._by_name[response.name] = cache_id
 
+    def set_capacity(self, capacity: int) -> None:
+        """Resize (0 disables and empties it). Every rank does this at the same point of the response stream,
+        so the caches stay identical."""
+        self.capacity = max(0, int(capacity))
+        while len(self._by_name) > self.capacity:
+            _, cache_id = self._by_name.popitem(last=False)
+            self._by_id[cache_id] = None
+            self._free.append(cache_id)
+
     def touch(self, cache_id: int) -> None:
         """Mark a cached response as used (when applying a list that referenced it)."""
         response = self._by_id[cache_id]
