@@ -1,6 +1,8 @@
 """The timeline and the stall inspector, end to end through the launcher at 2 and 3 ranks."""
 import json
+import os
 import re
+import subprocess
 import sys
 
 import pytest
@@ -10,6 +12,12 @@ from tests.support.launch import ROOT, horovodrun, rank_lines
 pytestmark = pytest.mark.timeout(180)
 WORKERS = ROOT / "tests" / "integration" / "workers"
 TIMEOUT = 90
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
+    return env
 
 
 def worker(name, *args):
@@ -76,6 +84,14 @@ def test_timeline_is_valid_json_mid_run_and_shows_every_tensor(tmp_path, np_):
     fused = [e for e in by_name["allreduce.train.grad.1"] if e.get("name") == "MEMCPY_IN_FUSION_BUFFER"]
     assert fused, "the three gradients were fused, so they were copied into the fusion buffer"
     assert any(e.get("name") == "CYCLE_START" and e["ph"] == "i" for e in events)
+    # The report tool reads the recorded file.
+    report = subprocess.run([sys.executable, "-m", "horovod.timeline", "summary", str(path), "--json"],
+                            capture_output=True, text=True, timeout=60, env=_env())
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)
+    assert summary["tensor_count"] == 5 and summary["negotiations"] == 5 * 6, summary
+    kinds = {row["op"] for row in summary["op_types"]}
+    assert kinds == {"ALLREDUCE", "ALLGATHER", "BROADCAST"}, kinds
 
 
 def test_dynamic_timeline_start_stop_twice_with_different_files(tmp_path):

@@ -516,8 +516,9 @@ class Engine:
             self._run_batch(batch, entries)
         finally:
             executing(None, [])
+            now = time.perf_counter_ns()
             for response in batch:
-                timeline.end_op(response.name, numpy_dtype(response.dtype).name, response.shape)
+                timeline.end_op(response.name, numpy_dtype(response.dtype).name, response.shape, now)
 
     def _run_batch(self, batch: List[TensorResponse], entries: List[Optional[Entry]]) -> None:
         first = batch[0]

@@ -127,8 +127,9 @@ class Timeline:
         for name in names:
             self._put((_END, now, name))
 
-    def end_op(self, name: str, dtype: str, shape: Iterable[int]) -> None:
-        self._put((_END_ARGS, time.perf_counter_ns(), name, dtype, list(shape)))
+    def end_op(self, name: str, dtype: str, shape: Iterable[int], now: Optional[int] = None) -> None:
+        """Close ``name``'s op; tensors fused into one collective pass the same ``now`` (perf_counter_ns)."""
+        self._put((_END_ARGS, time.perf_counter_ns() if now is None else now, name, dtype, list(shape)))
 
     def end_error(self, name: str, message: str) -> None:
         self._put((_END_ARGS, time.perf_counter_ns(), name, "error", message))
