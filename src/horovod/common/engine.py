@@ -104,7 +104,7 @@ class Engine:
         self._urgent: List[str] = []
         self.bucket_bytes = bucket_bytes
         self.bucket_ms = bucket_ms
-        self.hold_s = max(self.cycle_s, bucket_ms / 1000.0 if bucket_bytes > 0 else 0.0)
+        self.hold_s = self._hold_seconds()
         self.autotuner = autotuner if rank == 0 else None
         self.align_threshold = align_threshold
         self._cache_capacity = cache_capacity
@@ -350,11 +350,15 @@ class Engine:
             self.autotuner.close()
             self.autotuner = None
 
+    def _hold_seconds(self) -> float:
+        """How long the coordinator may hold a ready tensor nobody waits on: the cycle time or the bucket window."""
+        return max(self.cycle_s, self.bucket_ms / 1000.0 if self.bucket_bytes > 0 else 0.0)
+
     def _set_params(self, params: dict) -> None:
         """Apply tunables decided by rank 0's autotuner (every rank, at the same point of the stream)."""
         if "cycle_time_ms" in params:
             self.cycle_s = max(0.0, float(params["cycle_time_ms"])) / 1000.0
-            self.hold_s = max(self.cycle_s, self.bucket_ms / 1000.0 if self.bucket_bytes > 0 else 0.0)
+            self.hold_s = self._hold_seconds()
         if "fusion_threshold" in params and self.coordinator is not None:
             self.coordinator.fusion_threshold = self.align_threshold(int(params["fusion_threshold"]))
         if "cache_enabled" in params:
