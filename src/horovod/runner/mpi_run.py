@@ -27,7 +27,6 @@ What differs from upstream, on purpose:
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -40,25 +39,29 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from horovod.common.wire import SECRET_ENV
 
 from .common.util.env import is_exportable
 from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts, parse_hosts_and_slots
 from .common.util.settings import Settings
+from .mpi_failures import (  # noqa: F401 (ParsedFailure and HydraDemux are part of this module's API)
+    ParsedFailure,
+    describe_exit_codes,
+    hydra_first_failure,
+    parse_failure,
+    parse_hydra_exit_codes,
+)
+from .mpi_output import MPICH_PREPEND_PATTERN, HydraDemux, MpirunOutput  # noqa: F401
 from .process import (
-    TAIL_LINES,
     JobFailedError,
     JobInterruptedError,
     WorkerExit,
     WorkerStartError,
     _die_with_parent_fn,
-    describe_returncode,
     install_stop_handlers,
-    pad_rank,
     restore_signal_handlers,
-    split_lines,
 )
 
 log = logging.getLogger("horovod.runner")
@@ -85,15 +88,6 @@ INSTALL_ADVICE = (
 OPENMPI_BINDING = ["--bind-to", "none", "--map-by", "slot"]
 SPECTRUM_BINDING = ["--bind-to", "socket", "--map-by", "socket", "--rank-by", "core"]
 HYDRA_BINDING = ["-bind-to", "none"]
-
-# MPICH's tag for each write of a rank (``-prepend-pattern``): ``[<rank>]`` and the ASCII unit separator, which
-# programs do not print, so the tags can be told from the ranks' own text. Intel MPI keeps ``-l`` (``[<rank>] ``).
-MPICH_PREPEND_PATTERN = "[%r]\x1f"
-_MPICH_TAG = re.compile(rb"\[(\d+)\]\x1f")
-_MPICH_PARTIAL_TAG = re.compile(rb"\[\d*\]?\Z")   # what the end of a read may hold of a tag cut in two
-# Where a rank's record ends when it has no newline: the next tag, or a message of mpiexec's own
-# (``[mpiexec@host] Exit codes: ...``, ``[proxy:0@host] ...``), which Hydra writes right after it.
-_MPICH_RECORD_END = re.compile(rb"\[\d+\]\x1f|\[(?:mpiexec|proxy:[^\]\s@]*)@[^\]\s]*\] ")
 
 # Never exported to the ranks: values that belong to one host or one shell (the launcher's host name, its ssh
 # session, the shell's ``$_``), and the per-process variables of a launcher this horovodrun may itself run
@@ -360,334 +354,6 @@ def mpirun_env(env: Mapping[str, str], export_secret: bool = False) -> Dict[str,
 
 # --- running it ---------------------------------------------------------------------------------------------
 
-# ``[1,3]<stdout>: text`` (Open MPI 5 puts one space after the colon, 4 none), optionally after a timestamp.
-_OMPI_TAG = re.compile(r"^(?:\[[^\]\[]*\])?\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
-# Intel MPI's ``-l``: ``[3] text``.
-_HYDRA_TAG = re.compile(r"^\[(\d+)\] ?")
-_RANK_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")   # a line of one rank, as process.split_lines cuts them
-# The lines of MPICH's -print-all-exitcodes report (asked for by horovodrun, so not shown; the failure report
-# says what they say): ``[mpiexec@host] Exit codes: [node1] 0,0``, then ``[node2] 0,0`` per further host.
-_EXIT_CODES_LINE = re.compile(r"\[mpiexec@[^\]]*\] Exit codes:(?: \[[^\]\s]+\] -?\d+(?:,-?\d+)*)?\s*")
-_EXIT_CODES_MORE = re.compile(r"\[[^\]\s]+\] -?\d+(?:,-?\d+)*\s*")
-
-
-class HydraDemux:
-    """Puts the output of MPICH's mpiexec (run with ``-prepend-pattern "[%r]\\x1f"``) back into each rank's lines.
-
-    Hydra writes every chunk it reads from a rank, and every line within it, after the rank's tag, whether or not
-    the chunk ends a line; a line that a rank writes in pieces comes out as ``[0]<US>loss[1]<US>loss[0]<US>: 1\\n``.
-    Read back as records (a tag, then the rank's bytes up to a newline, the next tag or a ``[mpiexec@host]``
-    message), the pieces are joined per rank and cut into lines again (``\\n``, ``\\r\\n`` or a lone
-    ``\\r``). Text outside any record (mpiexec's own messages) comes out as untagged lines, rank None. One
-    instance per stream.
-    """
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._rank: Optional[int] = None        # the rank whose record is open, if one is
-        self._pending: Dict[int, bytes] = {}     # each rank's unfinished line
-
-    def feed(self, data: bytes) -> List[Tuple[Optional[int], bytes]]:
-        """The lines that ``data`` completes, in order: (rank or None, the line with its terminator)."""
-        out: List[Tuple[Optional[int], bytes]] = []
-        buf = self._buf + data
-        pos, n = 0, len(buf)
-        while pos < n:
-            if self._rank is None:
-                match = _MPICH_TAG.match(buf, pos)
-                if match:
-                    self._rank = int(match.group(1))
-                    pos = match.end()
-                    continue
-                if _MPICH_PARTIAL_TAG.match(buf, pos):
-                    break                               # a tag cut by the read: wait for the rest
-                newline = buf.find(b"\n", pos)
-                if newline < 0:
-                    break                               # an untagged line in progress
-                tag = _MPICH_TAG.search(buf, pos, newline)
-                if tag is not None:                     # not expected: mpiexec ends its own lines
-                    out.append((None, buf[pos:tag.start()] + b"\n"))
-                    pos = tag.start()
-                    continue
-                out.append((None, buf[pos:newline + 1]))
-                pos = newline + 1
-                continue
-            newline = buf.find(b"\n", pos)
-            end = newline + 1 if newline >= 0 else n
-            nxt = _MPICH_RECORD_END.search(buf, pos, end)
-            if nxt is not None:
-                stop = nxt.start()
-            elif newline >= 0:
-                stop = end
-            else:
-                # keep back what may be the start of the next tag or mpiexec message (only whole lines come
-                # out, so keeping bytes back delays nothing)
-                cut = buf.rfind(b"[", max(pos, n - 256), n)
-                stop = cut if cut >= 0 else n
-            out.extend(self._append(self._rank, buf[pos:stop]))
-            pos = stop
-            if nxt is None and newline < 0:
-                break
-            self._rank = None
-        self._buf = buf[pos:]
-        return out
-
-    def close(self) -> List[Tuple[Optional[int], bytes]]:
-        """What is left at the end of the stream: an untagged remainder, then each rank's unfinished line."""
-        out: List[Tuple[Optional[int], bytes]] = []
-        if self._buf:
-            if self._rank is None:
-                out.append((None, self._buf))
-            else:
-                self._pending[self._rank] = self._pending.get(self._rank, b"") + self._buf
-        self._buf, self._rank = b"", None
-        for rank in sorted(self._pending):
-            if self._pending[rank]:
-                out.append((rank, self._pending[rank]))
-        self._pending.clear()
-        return out
-
-    def _append(self, rank: int, data: bytes) -> List[Tuple[Optional[int], bytes]]:
-        text = self._pending.get(rank, b"") + data
-        out: List[Tuple[Optional[int], bytes]] = []
-        end = 0
-        for match in _RANK_LINE.finditer(text):
-            if match.end() == len(text) and text.endswith(b"\r"):
-                break                                   # maybe the first half of \r\n
-            out.append((rank, match.group()))
-            end = match.end()
-        self._pending[rank] = text[end:]
-        return out
-
-
-class _Output:
-    """Forwards mpirun's output to the console unchanged, remembers the last lines of each rank and of mpirun's
-    own messages, and writes each rank's lines (untagged) to ``output_dir/rank.<rank>/<stream>`` if asked."""
-
-    UNTAGGED_LINES = 400
-
-    def __init__(self, impl: MPIImplementation, num_proc: int, output_dir: Optional[str],
-                 stdout: Optional[IO[str]], stderr: Optional[IO[str]]) -> None:
-        self._hydra = impl.name in HYDRA_IMPLEMENTATIONS
-        self._demux = impl.name == MPICH
-        self._in_exit_codes = {"stdout": False, "stderr": False}
-        self._strip_space = impl.name == OPENMPI and (impl.major is None or impl.major >= 5)
-        self._num_proc = num_proc
-        self._output_dir = output_dir
-        self._targets = {"stdout": stdout, "stderr": stderr}
-        self._lock = threading.Lock()
-        self.rank_tails: Dict[int, Deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
-        # per stream: mpirun writes a report as consecutive lines of one stream, but the two streams interleave
-        self.untagged: Dict[str, Deque[str]] = {name: collections.deque(maxlen=self.UNTAGGED_LINES)
-                                                for name in ("stdout", "stderr")}
-        self._files: Dict[Tuple[int, str], IO[bytes]] = {}
-
-    def _target(self, stream: str) -> IO[str]:
-        return self._targets[stream] or (sys.stdout if stream == "stdout" else sys.stderr)
-
-    def pump(self, pipe: IO[bytes], stream: str) -> None:
-        try:
-            if self._demux:
-                self._pump_demux(pipe, stream)
-            else:
-                for raw in split_lines(pipe):
-                    self._line(raw, stream)
-        except (OSError, ValueError):
-            pass
-        finally:
-            pipe.close()
-
-    def _pump_demux(self, pipe: IO[bytes], stream: str) -> None:
-        demux = HydraDemux()
-        fd = pipe.fileno()
-        try:
-            while True:
-                data = os.read(fd, 65536)
-                if not data:
-                    break
-                for rank, raw in demux.feed(data):
-                    self._rank_line(rank, raw, stream)
-        finally:
-            for rank, raw in demux.close():
-                self._rank_line(rank, raw, stream)
-
-    def _rank_line(self, rank: Optional[int], raw: bytes, stream: str) -> None:
-        """A line put back together by HydraDemux: shown as ``[rank] text`` (as ``-l`` would show it)."""
-        text = raw.decode("utf-8", "replace")
-        content = text.rstrip("\r\n")
-        if rank is None:
-            if _EXIT_CODES_LINE.fullmatch(content) or (self._in_exit_codes[stream]
-                                                       and _EXIT_CODES_MORE.fullmatch(content)):
-                self._in_exit_codes[stream] = True
-                text = ""
-            else:
-                self._in_exit_codes[stream] = False
-            self._record(text, stream, None, stream, content, content)
-            return
-        shown = f"[{rank}] {content}"
-        self._record(shown + (text[len(content):] or "\n"), stream, rank, stream, content, shown)
-
-    def _line(self, raw: bytes, stream: str) -> None:
-        text = raw.decode("utf-8", "replace")
-        shown = text.rstrip("\r\n")
-        rank, rank_stream, content = self._parse_tag(shown, stream)
-        self._record(text, stream, rank, rank_stream, content, shown)
-
-    def _record(self, text: str, stream: str, rank: Optional[int], rank_stream: str, content: str,
-                shown: str) -> None:
-        """Show ``text`` on the console's ``stream``; remember ``shown``; write ``content`` to the rank's file."""
-        target = self._target(stream)
-        try:
-            if text:
-                target.write(text)
-                target.flush()
-        except (OSError, ValueError):
-            pass  # the console went away: keep draining so that mpirun never blocks
-        with self._lock:
-            if rank is None:
-                self.untagged[stream].append(shown)
-                return
-            self.rank_tails[rank].append(shown)
-            if self._output_dir is not None:
-                self._write_file(rank, rank_stream, content + "\n")
-
-    def _parse_tag(self, line: str, stream: str) -> Tuple[Optional[int], str, str]:
-        if self._hydra:
-            match = _HYDRA_TAG.match(line)
-            if match is None:
-                return None, stream, line
-            return int(match.group(1)), stream, line[match.end():]
-        match = _OMPI_TAG.match(line)
-        if match is None:
-            return None, stream, line
-        content = line[match.end():]
-        if self._strip_space and content.startswith(" "):
-            content = content[1:]
-        rank_stream = "stderr" if match.group(2) == "stderr" else "stdout"
-        return int(match.group(1)), rank_stream, content
-
-    def _write_file(self, rank: int, stream: str, text: str) -> None:
-        key = (rank, stream)
-        f = self._files.get(key)
-        if f is None:
-            directory = os.path.join(self._output_dir, f"rank.{pad_rank(rank, self._num_proc)}")
-            try:
-                os.makedirs(directory, exist_ok=True)
-                f = open(os.path.join(directory, stream), "wb")
-            except OSError as exc:
-                log.warning("cannot write the output of rank %d to %s: %s", rank, directory, exc)
-                self._output_dir = None
-                return
-            self._files[key] = f
-        f.write(text.encode("utf-8"))
-        f.flush()
-
-    def close(self) -> None:
-        with self._lock:
-            for f in self._files.values():
-                try:
-                    f.close()
-                except OSError:
-                    pass
-            self._files.clear()
-
-
-# mpirun's reports of the first failed rank (Open MPI 4/5 and PRRTE; MPICH/Intel MPI's Hydra).
-_OMPI_EXIT = re.compile(r"The first process to do so was:\s+Process name:\s*(\S+)\s+Exit code:\s*(-?\d+)")
-_OMPI_SIGNAL = re.compile(r"noticed that process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)")
-_HYDRA_FAIL = re.compile(
-    r"(?:RANK (\d+)\s+)?PID \d+ RUNNING AT (\S+)\s*=*\s*(?:EXIT CODE:\s*(-?\d+)|KILLED BY SIGNAL:\s*(\d+))"
-)
-
-
-@dataclasses.dataclass
-class ParsedFailure:
-    """The first failed rank as mpirun reported it; ``returncode`` is negative for a signal (Popen's way)."""
-
-    rank: Optional[int]
-    hostname: Optional[str]
-    returncode: int
-
-
-def parse_failure(text: str) -> Optional[ParsedFailure]:
-    """The earliest failure report in mpirun's output ``text``, or None when it contains none."""
-    found: List[Tuple[int, ParsedFailure]] = []
-    for m in _OMPI_EXIT.finditer(text):
-        numbers = re.findall(r"\d+", m.group(1))
-        rank = int(numbers[-1]) if numbers else None
-        found.append((m.start(), ParsedFailure(rank, None, int(m.group(2)))))
-    for m in _OMPI_SIGNAL.finditer(text):
-        found.append((m.start(), ParsedFailure(int(m.group(1)), m.group(2), -int(m.group(3)))))
-    for m in _HYDRA_FAIL.finditer(text):
-        rank = int(m.group(1)) if m.group(1) is not None else None
-        code = int(m.group(3)) if m.group(3) is not None else -int(m.group(4))
-        found.append((m.start(), ParsedFailure(rank, m.group(2), code)))
-    if not found:
-        return None
-    return min(found, key=lambda item: item[0])[1]
-
-
-# MPICH's ``-print-all-exitcodes``: ``[mpiexec@host] Exit codes: [node1] 0,768`` then ``[node2] 9,0`` on the
-# next lines, one entry per host in host order, each listing the raw wait statuses of its ranks in rank order.
-_HYDRA_EXIT_CODES = re.compile(r"Exit codes:((?:\s*\[[^\]\s]+\]\s+-?\d+(?:,-?\d+)*)+)")
-_HYDRA_HOST_CODES = re.compile(r"\[([^\]\s]+)\]\s+(-?\d+(?:,-?\d+)*)")
-# Signals that Hydra's cleanup (or a user) sends: a rank ended by one is more likely a victim than the cause.
-_STOP_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-
-
-def _wait_status(status: int) -> int:
-    """A raw wait status as Popen reports it: the exit code, or minus the signal."""
-    if status < 0:
-        return 255
-    if status & 0x7F:
-        return -(status & 0x7F)
-    return (status >> 8) & 0xFF
-
-
-def parse_hydra_exit_codes(text: str) -> Optional[List[Tuple[str, int]]]:
-    """(host, returncode) of every rank, in the order mpiexec listed them (rank order for ``-ppn`` placement),
-    from MPICH's ``-print-all-exitcodes`` report in ``text``; None when there is none."""
-    match = _HYDRA_EXIT_CODES.search(text)
-    if match is None:
-        return None
-    return [(host, _wait_status(int(code)))
-            for host, codes in _HYDRA_HOST_CODES.findall(match.group(1)) for code in codes.split(",")]
-
-
-def hydra_first_failure(codes: Sequence[Tuple[str, int]]) -> Optional[ParsedFailure]:
-    """The rank that most likely failed first, from every rank's exit status (MPICH reports no order).
-
-    The most telling status wins: a crash (a signal other than SIGKILL/SIGTERM/SIGINT), then an exit code other
-    than 1, then a stop signal (the OOM killer's SIGKILL; Hydra's cleanup also SIGKILLs the others once a rank
-    dies without MPI_Finalize), then exit code 1 (Python's for an uncaught exception, which is also how the
-    other Horovod ranks end once one failed). Within that class: the only rank, or the only rank whose status
-    differs from the others' (``1, 5, 1``: rank 1); None when it is a tie (every rank exited 1, say).
-    """
-    def kind(rc: int) -> int:
-        if rc < 0:
-            return 2 if -rc in _STOP_SIGNALS else 0
-        return 3 if rc == 1 else 1
-
-    failed = [(rank, host, rc) for rank, (host, rc) in enumerate(codes) if rc != 0]
-    if not failed:
-        return None
-    best = min(kind(rc) for _, _, rc in failed)
-    group = [f for f in failed if kind(f[2]) == best]
-    if len(group) > 1:
-        group = [f for f in group if sum(1 for g in group if g[2] == f[2]) == 1]
-        if len(group) != 1:
-            return None
-    rank, host, rc = group[0]
-    return ParsedFailure(rank, host, rc)
-
-
-def describe_exit_codes(codes: Sequence[Tuple[str, int]], limit: int = 16) -> str:
-    """``rank 0 (node1): exit code 1; rank 2 (node2): killed by SIGKILL`` for the ranks that failed."""
-    failed = [f"rank {rank} ({host}): {describe_returncode(rc)}" for rank, (host, rc) in enumerate(codes) if rc]
-    more = f"; and {len(failed) - limit} more" if len(failed) > limit else ""
-    return "; ".join(failed[:limit]) + more
-
-
 def _install_forwarding(proc: subprocess.Popen, received: List[int]) -> Dict[int, object]:
     """Forward SIGINT/SIGTERM/SIGHUP to mpirun (each one, once); mpirun stops the ranks itself."""
 
@@ -753,7 +419,9 @@ def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, comm
     got SIGINT / SIGTERM or SIGHUP (forwarded to mpirun first), WorkerStartError when mpirun cannot start.
     """
     plan = get_host_assignments(parse_hosts(settings.hosts), settings.num_proc, settings.num_proc)
-    output = _Output(impl, settings.num_proc, settings.output_filename, stdout, stderr)
+    output = MpirunOutput(settings.num_proc, settings.output_filename, stdout, stderr,
+                          hydra=impl.name in HYDRA_IMPLEMENTATIONS, demux=impl.name == MPICH,
+                          strip_space=impl.name == OPENMPI and (impl.major is None or impl.major >= 5))
     try:
         proc = subprocess.Popen(
             list(cmd), env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
