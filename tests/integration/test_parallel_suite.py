@@ -11,7 +11,8 @@ from tests.support.launch import PARALLEL, run_parallel_tests
 pytestmark = pytest.mark.timeout(240)
 
 # The framework bindings have suites of their own (e.g. test_torch_suite.py); this one runs the core files.
-FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith("test_torch_"))
+FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_")
+FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith(FRAMEWORK_PREFIXES))
 JOB_TIMEOUT = 180
 PER_TEST_TIMEOUT = ["--timeout=20"]
 TWO_HOSTS = "localhost:2,127.0.0.1:2"      # two "hosts" on this machine: shm inside each, tcp between them
