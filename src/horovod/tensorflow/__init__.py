@@ -1,0 +1,163 @@
+"""``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API on this project's engine.
+
+The collectives work eagerly and inside ``tf.function`` (through ``tf.numpy_function``), with upstream's
+signatures and gradients; see ``docs/tensorflow.md`` and ``horovod.tensorflow.mpi_ops``.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from horovod.common.process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.functions import (  # noqa: F401
+    allgather_object,
+    broadcast_object,
+    broadcast_object_fn,
+    broadcast_variables,
+)
+from horovod.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from horovod.tensorflow.mpi_ops import (  # noqa: F401
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    ReduceOp,
+    Sum,
+    _allreduce,
+    _grouped_allreduce,
+    _reducescatter,
+    allgather,
+    alltoall,
+    broadcast,
+    broadcast_,
+    ccl_built,
+    check_num_rank_power_of_2,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    grouped_allgather,
+    handle_average_backwards_compatibility,
+    init,
+    is_homogeneous,
+    is_initialized,
+    join,
+    local_rank,
+    local_rank_op,
+    local_size,
+    local_size_op,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    process_set_included_op,
+    rank,
+    rank_op,
+    rocm_built,
+    shutdown,
+    size,
+    size_op,
+    start_timeline,
+    stop_timeline,
+)
+
+
+def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_factor, name, process_set,
+                      ignore_name_scope) -> tf.IndexedSlices:
+    """Upstream's rule for tf.IndexedSlices: allgather values and indices (Average divides the values)."""
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a "
+                                  "workaround please pass sparse_as_dense=True to DistributedOptimizer")
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Average and Sum are supported for sparse tensors.")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    values = allgather(tensor.values, name=f"{name}.values" if name else None,
+                       ignore_name_scope=ignore_name_scope, process_set=process_set)
+    indices = allgather(tensor.indices, name=f"{name}.indices" if name else None,
+                        ignore_name_scope=ignore_name_scope, process_set=process_set)
+    if op == Average:
+        values = values / tf.cast(size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
+def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
+              compression=Compression.none, op=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+              ignore_name_scope: bool = False):
+    """Reduce ``tensor`` across ranks (Average by default); differentiable.
+
+    A ``tf.IndexedSlices`` becomes two allgathers (values and indices), as upstream. ``compression`` (e.g.
+    ``Compression.fp16``) shrinks what goes on the wire; the result has the input dtype. ``device_*`` are
+    accepted for compatibility (tensors are exchanged through host memory).
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, op, prescale_factor, postscale_factor, name, process_set,
+                                 ignore_name_scope)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                         process_set=process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op=None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                      ignore_name_scope: bool = False, name: Optional[str] = None) -> List:
+    """Allreduce a list of tensors negotiated and fused as one unit; differentiable.
+
+    tf.IndexedSlices members are reduced as in ``allreduce`` (two allgathers each).
+    """
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = list(tensors)
+    out: List = [None] * len(tensors)
+    dense = []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            out[i] = _sparse_allreduce(t, op, prescale_factor, postscale_factor, f"{name}.{i}" if name else None,
+                                       process_set, ignore_name_scope)
+        else:
+            dense.append(i)
+    compressed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
+    reduced = _grouped_allreduce([c for c, _ in compressed], name=name, op=op, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                                 process_set=process_set)
+    for i, r, (_, ctx) in zip(dense, reduced, compressed):
+        out[i] = compression.decompress(r, ctx)
+    return out
+
+
+def reducescatter(tensor, device_dense: str = "", compression=Compression.none, op=Average,
+                  name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+    """Reduce across ranks (Sum or Average) and return this rank's block of dim 0 (ranks < n % size get one
+    more row); differentiable."""
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    out = _reducescatter([compressed], name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                         process_set, grouped=False)[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(tensors, device_dense: str = "", compression=Compression.none, op=Average,
+                          process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0, name: Optional[str] = None,
+                          ignore_name_scope: bool = False) -> List:
+    """Reducescatter each tensor of a list, negotiated as one unit; differentiable."""
+    compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    outs = _reducescatter([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
+                          ignore_name_scope, process_set, grouped=True)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
