@@ -11,7 +11,7 @@ from tests.support.launch import PARALLEL, run_parallel_tests
 pytestmark = pytest.mark.timeout(240)
 
 # The framework bindings have suites of their own (e.g. test_torch_suite.py); this one runs the core files.
-FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_")
+FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_", "test_keras_")
 FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith(FRAMEWORK_PREFIXES))
 JOB_TIMEOUT = 180
 PER_TEST_TIMEOUT = ["--timeout=20"]

@@ -1,0 +1,196 @@
+"""``DistributedOptimizer`` for Keras 3: the gradients are allreduced before the optimizer applies them.
+
+As upstream, the wrapper is a dynamic subclass of the user's optimizer class, re-created from its config, so
+``isinstance`` checks, learning-rate handling and serialization keep working (a saved model names the original
+class, e.g. ``Adam``; ``hvd.load_model`` wraps it again). The hook is ``apply(grads, trainable_variables)``, which
+Keras' trainers call on every backend (``apply_gradients`` and the JAX trainer's ``stateless_apply`` go
+through it), so the same class works in ``model.fit`` and in a custom loop.
+
+- Dense gradients go out as grouped allreduces (one negotiated, fused unit each; one group unless ``groups``);
+  ``tf.IndexedSlices`` become two allgathers unless ``sparse_as_dense``.
+- ``backward_passes_per_step=N`` sums the gradients locally for N calls and allreduces and applies on the N-th
+  (divided by N when ``average_aggregated_gradients``); the other calls only advance ``iterations``.
+- Variables registered with ``register_local_var`` (or a ``PartialDistributedOptimizer``'s ``local_layers``)
+  keep their local gradient, divided by the process-set size when ``scale_local_gradients``, so that it is on
+  the same scale as the averaged ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, List, Optional, Set
+
+import keras
+
+from horovod._keras import backend_ops
+from horovod.common.gradient_groups import Groups, check_groups, scale_factors, split_into_groups
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Average, ReduceOp, Sum
+
+
+@dataclass
+class _Settings:
+    name: str
+    compression: Any
+    sparse_as_dense: bool
+    op: ReduceOp
+    prescale: float
+    postscale: float
+    backward_passes_per_step: int
+    average_aggregated_gradients: bool
+    groups: Groups
+    process_set: ProcessSet
+    scale_local_gradients: bool
+    local_ids: Set[int] = field(default_factory=set)
+
+
+def _check_op(op: ReduceOp) -> ReduceOp:
+    op = ReduceOp(op)
+    if op not in (Average, Sum):
+        raise ValueError(f"op currently only supports Average and Sum, got {op.name}. The Adasum reduction is "
+                         "not supported with Keras.")
+    return op
+
+
+def _distributed_class(base: type, settings: _Settings) -> type:
+    """A subclass of ``base`` whose ``apply`` reduces the gradients across ranks first."""
+
+    class _DistributedOptimizer(base):
+        _hvd_settings = settings
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._hvd = _Settings(**{**vars(type(self)._hvd_settings),
+                                     "local_ids": set(type(self)._hvd_settings.local_ids)})
+
+        def register_local_var(self, var: Any) -> None:
+            """Keep ``var``'s gradient local to this rank (not allreduced)."""
+            self._hvd.local_ids.add(id(var))
+
+        def build(self, variables):
+            super().build(variables)
+            if self._hvd.backward_passes_per_step > 1:
+                # Untracked (object.__setattr__): not part of optimizer.variables, so checkpoints keep the
+                # wrapped optimizer's format and load with any backward_passes_per_step.
+                counter = keras.Variable(0, dtype="int32", trainable=False, name="hvd_aggregation_counter")
+                slots = [keras.Variable(keras.ops.zeros(v.shape, dtype=v.dtype), trainable=False,
+                                        name=f"hvd_aggregated_{i}") for i, v in enumerate(variables)]
+                object.__setattr__(self, "_hvd_counter", counter)
+                object.__setattr__(self, "_hvd_aggregated", tuple(slots))
+
+        def apply(self, grads, trainable_variables=None):
+            grads = list(grads)
+            if not grads:
+                return super().apply(grads, trainable_variables)
+            if trainable_variables is None:
+                variables = list(self._trainable_variables) if self.built else None
+            else:
+                variables = list(trainable_variables)
+            if self._hvd.backward_passes_per_step == 1:
+                return super().apply(self._hvd_reduce(grads, variables), trainable_variables)
+            return self._hvd_apply_aggregated(grads, variables)
+
+        def _hvd_apply_aggregated(self, grads, variables):
+            if variables is None:
+                raise ValueError("The optimizer must be built (or given trainable_variables) before the first "
+                                 "apply when backward_passes_per_step > 1.")
+            if backend_ops.backend() == "jax":
+                raise NotImplementedError("backward_passes_per_step > 1 is not supported on the JAX backend; "
+                                          "use the optimizer's own gradient_accumulation_steps, which keeps "
+                                          "the allreduce on every step.")
+            if not self.built:
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+                self.built = True
+            n = self._hvd.backward_passes_per_step
+            slots = [self._hvd_aggregated[self._get_variable_index(v)] for v in variables]
+            for g, slot in zip(grads, slots):
+                if g is not None:
+                    slot.assign_add(backend_ops.to_dense(g))
+            self._hvd_counter.assign_add(1)
+            present = [g is not None for g in grads]
+
+            def update():
+                scale = 1.0 / n if self._hvd.average_aggregated_gradients else 1.0
+                summed = [keras.ops.convert_to_tensor(s) * scale if p else None for s, p in zip(slots, present)]
+                super(_DistributedOptimizer, self).apply(self._hvd_reduce(summed, variables), variables)
+                for slot in slots:
+                    slot.assign(keras.ops.zeros_like(slot))
+                self._hvd_counter.assign(0)
+
+            def skip():
+                self._iterations.assign_add(1)
+
+            keras.ops.cond(keras.ops.greater_equal(self._hvd_counter, n), update, skip)
+
+        def _hvd_reduce(self, grads: List[Any], variables: Optional[List[Any]]) -> List[Any]:
+            s = self._hvd
+            if not s.process_set.included():
+                return grads
+            out = list(grads)
+            world = s.process_set.size()
+            dense = []
+            for i, g in enumerate(grads):
+                if g is None:
+                    continue
+                if variables is not None and id(variables[i]) in s.local_ids:
+                    out[i] = g / world if s.scale_local_gradients and world > 1 else g
+                elif backend_ops.is_sparse(g) and not s.sparse_as_dense:
+                    if world > 1:
+                        out[i] = backend_ops.sparse_allreduce(g, f"{s.name}.sparse.{i}", s.op, s.process_set)
+                else:
+                    out[i] = backend_ops.to_dense(g)
+                    dense.append(i)
+            if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
+                return out
+            for p, indices in enumerate(split_into_groups(dense, variables, s.groups)):
+                compressed = [s.compression.compress(out[i]) for i in indices]
+                reduced = backend_ops.grouped_allreduce([c for c, _ in compressed], f"{s.name}.group{p}", s.op,
+                                                        s.prescale, s.postscale, s.process_set)
+                for i, r, (_, ctx) in zip(indices, reduced, compressed):
+                    out[i] = s.compression.decompress(r, ctx)
+            return out
+
+    _DistributedOptimizer.__name__ = base.__name__
+    _DistributedOptimizer.__qualname__ = base.__qualname__
+    _DistributedOptimizer.__module__ = base.__module__    # a saved model names the original class
+    return _DistributedOptimizer
+
+
+def settings_for(name: Optional[str] = None, compression: Any = None, sparse_as_dense: bool = False,
+                 gradient_predivide_factor: float = 1.0, op: ReduceOp = Average, backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False, groups: Groups = None,
+                 process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True) -> _Settings:
+    """Validated settings of a distributed optimizer, with upstream's defaults."""
+    from horovod._keras.compression import Compression
+
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    op = _check_op(op)
+    prescale, postscale = scale_factors(op, gradient_predivide_factor)
+    return _Settings(name=name or "DistributedOptimizer", compression=compression or Compression.none,
+                     sparse_as_dense=sparse_as_dense, op=op, prescale=prescale, postscale=postscale,
+                     backward_passes_per_step=int(backward_passes_per_step),
+                     average_aggregated_gradients=average_aggregated_gradients, groups=check_groups(groups),
+                     process_set=process_set, scale_local_gradients=scale_local_gradients)
+
+
+def distributed_optimizer_class(base: type, settings: _Settings) -> type:
+    """The distributed subclass of an optimizer class (``load_model`` uses it for the classes a file names)."""
+    if getattr(base, "_hvd_settings", None) is not None:
+        raise ValueError("This optimizer is already a Horovod DistributedOptimizer; wrap the original once.")
+    return _distributed_class(base, settings)
+
+
+def create_distributed_optimizer(optimizer: Any, local_layers: Optional[Iterable[Any]] = None,
+                                 **settings: Any) -> Any:
+    """Wrap a Keras optimizer instance (see the module docstring); ``settings`` are ``settings_for``'s.
+    Shared by horovod.keras and horovod.tensorflow.keras."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"DistributedOptimizer expects a Keras 3 optimizer (keras.optimizers.Optimizer), got "
+                         f"{type(optimizer).__name__}. For tf.compat.v1.train optimizers use "
+                         "horovod.tensorflow.DistributedOptimizer.")
+    settings["name"] = settings.get("name") or f"Distributed{type(optimizer).__name__}"
+    resolved = settings_for(**settings)
+    for layer in local_layers or ():
+        resolved.local_ids.update(id(v) for v in layer.trainable_weights)
+    return distributed_optimizer_class(type(optimizer), resolved).from_config(optimizer.get_config())

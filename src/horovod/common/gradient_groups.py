@@ -1,0 +1,53 @@
+"""Framework-free rules shared by the gradient-reducing wrappers (TF tape, Keras optimizers): how gradients are
+split into grouped allreduces, and how ``gradient_predivide_factor`` turns into pre/post scale factors."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple, Union
+
+from horovod.common.types import Adasum, Average, ReduceOp
+from horovod.common.util import split_list
+
+Groups = Union[None, int, Sequence[Sequence[object]]]
+
+
+def check_groups(groups: Groups, num_groups: int = 0) -> Groups:
+    """Validate ``groups`` (an int or a list of lists of variables) and fold in the deprecated ``num_groups``."""
+    if num_groups and groups is None:
+        groups = num_groups
+    if groups is not None and not isinstance(groups, (int, list, tuple)):
+        raise ValueError("groups should be an int or a list of lists of variables, "
+                         f"got {type(groups).__name__}")
+    return groups
+
+
+def scale_factors(op: ReduceOp, gradient_predivide_factor: float) -> Tuple[float, float]:
+    """(prescale, postscale) for a gradient allreduce: Average divides by ``gradient_predivide_factor`` before the
+    sum and multiplies it back after (the engine's Average then divides by the size)."""
+    op = ReduceOp(op)
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction is not available in this release yet; "
+                                  "use op=hvd.Average or op=hvd.Sum.")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Average:
+        return 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    return 1.0, 1.0
+
+
+def split_into_groups(indices: List[int], variables: Optional[Sequence[object]], groups: Groups) -> List[List[int]]:
+    """Split the positions ``indices`` of dense gradients into the grouped allreduces to issue.
+
+    ``groups`` None/0: one group. An int: that many contiguous groups. A list of lists of variables: those
+    variables' gradients go together (matched by object identity), every other gradient alone.
+    """
+    if not indices:
+        return []
+    if isinstance(groups, int) and groups > 0:
+        return [p for p in split_list(indices, min(groups, len(indices))) if p]
+    if isinstance(groups, (list, tuple)) and groups and variables is not None:
+        group_of = {id(v): gi for gi, group in enumerate(groups) for v in group}
+        parts: dict = {}
+        for i in indices:
+            parts.setdefault(group_of.get(id(variables[i]), -1 - i), []).append(i)
+        return list(parts.values())
+    return [list(indices)]

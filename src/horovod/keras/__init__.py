@@ -1,0 +1,94 @@
+"""``import horovod.keras as hvd``: Horovod for standalone Keras 3, on the TensorFlow, PyTorch or JAX backend
+(``KERAS_BACKEND``); TensorFlow is not needed for the latter two. The surface is upstream's ``horovod.keras``;
+see ``docs/keras.md`` for what works on which backend.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional
+
+from horovod._keras import api as _api
+from horovod._keras import values as _values
+from horovod._keras.compression import Compression
+from horovod._keras.loading import load_model as _load_model
+from horovod.common.basics import (  # noqa: F401
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from horovod.common.process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovod.common.types import Adasum, Average, ReduceOp, Sum  # noqa: F401
+from horovod.keras import callbacks  # noqa: F401
+
+broadcast_global_variables = _api.broadcast_global_variables
+broadcast_variables = _api.broadcast_variables
+
+
+def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "", device_sparse: str = "",
+                         compression=Compression.none, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: ReduceOp = Average, num_groups: int = 0,
+                         groups=None, backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                         process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True):
+    """Wrap a Keras optimizer so that gradients are averaged (or summed) across ranks before they are applied.
+
+    Upstream's positional order; ``backward_passes_per_step`` and the arguments after it are
+    ``horovod.tensorflow.keras``'s, accepted here by keyword too.
+    """
+    return _api.distributed_optimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                      gradient_predivide_factor, op, backward_passes_per_step,
+                                      average_aggregated_gradients, num_groups, groups, process_set,
+                                      scale_local_gradients)
+
+
+def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "",
+                                device_sparse: str = "", compression=Compression.none, sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
+                                backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                                groups=None, process_set: ProcessSet = global_process_set,
+                                local_layers: Optional[Iterable[Any]] = None, scale_local_gradients: bool = True):
+    """A DistributedOptimizer that leaves the gradients of ``local_layers`` (Keras layers) local to each rank."""
+    return _api.partial_distributed_optimizer(optimizer, name, device_dense, device_sparse, compression,
+                                              sparse_as_dense, gradient_predivide_factor, op,
+                                              backward_passes_per_step, average_aggregated_gradients, groups,
+                                              process_set, local_layers, scale_local_gradients)
+
+
+def allreduce(value, name: Optional[str] = None, average: bool = True, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Optional[ReduceOp] = None, compression=Compression.none):
+    """Reduce a value (numpy array, number or tensor) across ranks, averaged by default; returns a tensor."""
+    return _values.allreduce(value, name, None if op is not None else average, prescale_factor, postscale_factor,
+                             op, compression)
+
+
+allgather = _values.allgather
+broadcast = _values.broadcast
+reducescatter = _values.reducescatter
+
+
+def load_model(filepath: str, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               legacy_opts: bool = False):
+    """Load a ``.keras`` model and re-create its optimizer, with its state, as a DistributedOptimizer."""
+    return _load_model(filepath, custom_optimizers, custom_objects, compression, legacy_opts)

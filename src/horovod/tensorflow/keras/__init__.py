@@ -1,0 +1,70 @@
+"""``import horovod.tensorflow.keras as hvd``: Horovod for Keras 3 on the TensorFlow backend (``tf.keras``).
+
+``hvd.DistributedOptimizer`` works in ``model.fit`` and in custom loops; ``hvd.callbacks`` has the broadcast,
+metric-average, learning-rate and checkpoint callbacks. See ``docs/keras.md``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from horovod._keras import api as _api
+from horovod._keras import values as _values
+from horovod.common.types import Average, Sum  # noqa: F401
+from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compression classes are interchangeable)
+    PartialDistributedOptimizer,
+    ProcessSet,
+    ReduceOp,
+    add_process_set,
+    allgather,
+    broadcast,
+    broadcast_global_variables,
+    broadcast_variables,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    load_model,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    reducescatter,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+from horovod.tensorflow.compression import Compression
+from horovod.tensorflow.keras import callbacks  # noqa: F401
+
+
+def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "", device_sparse: str = "",
+                         compression=Compression.none, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: ReduceOp = Average,
+                         backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups=None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True):
+    """Wrap a Keras optimizer so that gradients are averaged (or summed, ``op=Sum``) across ranks before they
+    are applied, in ``model.fit`` or a custom loop. ``backward_passes_per_step=N`` aggregates N local steps per
+    allreduce. Only Average and Sum are allowed."""
+    return _api.distributed_optimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                      gradient_predivide_factor, op, backward_passes_per_step,
+                                      average_aggregated_gradients, num_groups, groups, process_set,
+                                      scale_local_gradients)
+
+
+def allreduce(value, name: Optional[str] = None, average: Optional[bool] = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Optional[ReduceOp] = None, compression=Compression.none):
+    """Reduce a value (numpy array, number or tensor) across ranks, Average by default; returns a tensor."""
+    return _values.allreduce(value, name, average, prescale_factor, postscale_factor, op, compression)

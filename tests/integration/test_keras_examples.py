@@ -1,0 +1,28 @@
+"""The Keras model.fit example: the digits reach >= 95% on 2 ranks on each installed Keras backend, with progress
+and a checkpoint from rank 0 only."""
+import importlib.util
+import re
+import sys
+
+import pytest
+
+from tests.support.examples import assert_digits_report
+from tests.support.launch import horovodrun
+
+pytest.importorskip("keras")
+pytest.importorskip("sklearn")
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "jax"])
+def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
+    checkpoint = tmp_path / "ckpt" / "digits.keras"
+    result = horovodrun(2, [sys.executable, "examples/keras/keras_digits.py", "--checkpoint", str(checkpoint)],
+                        env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert_digits_report(result.stdout, ranks=2)
+    assert re.search(rf"\[0\]<stderr>:Keras [\d.]+ on the {backend} backend, 2 ranks", result.stdout)
+    assert re.search(r"\[0\]<stdout>:Epoch 20/20", result.stdout), "rank 0 shows progress"
+    assert not re.search(r"\[1\]<stdout>:Epoch", result.stdout), "only rank 0 shows progress"
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["digits.keras"], "rank 0 writes one checkpoint"
