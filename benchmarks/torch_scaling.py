@@ -60,12 +60,34 @@ def torchrun_cmd(np: int, args: List[str]) -> List[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np), *args]
 
 
+def add_scaling_options(parser: argparse.ArgumentParser, models: str, warmup: int, batches: int,
+                        mlp_batches: int, iters: int) -> None:
+    """A scaling script's options: those it passes through to a synthetic benchmark (with its defaults), then
+    ``--json`` and ``--timeout``."""
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--models", default=models)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--num-warmup-batches", type=int, default=warmup)
+    parser.add_argument("--num-batches-per-iter", type=int, default=batches)
+    parser.add_argument("--mlp-num-batches-per-iter", type=int, default=mlp_batches,
+                        help="the MLP's steps are much shorter, so it times more of them per iteration")
+    parser.add_argument("--num-iters", type=int, default=iters)
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
+
+
+def synthetic_args(model: str, opts: argparse.Namespace) -> List[str]:
+    """A synthetic benchmark's command-line arguments for ``model``: one thread per rank, no GPU."""
+    batches = opts.mlp_num_batches_per_iter if model == "mlp" else opts.num_batches_per_iter
+    return ["--model", model, "--batch-size", str(opts.batch_size), "--image-size", str(opts.image_size),
+            "--num-warmup-batches", str(opts.num_warmup_batches), "--num-batches-per-iter", str(batches),
+            "--num-iters", str(opts.num_iters), "--num-threads", "1", "--no-cuda"]
+
+
 def synthetic(model: str, np: int, opts: argparse.Namespace, tmp: Path) -> Dict[str, Dict[int, Optional[dict]]]:
     """Throughput of one model for Horovod and DDP at 1 and ``np`` ranks."""
-    batches = opts.mlp_num_batches_per_iter if model == "mlp" else opts.num_batches_per_iter
-    common = ["--model", model, "--batch-size", str(opts.batch_size), "--image-size", str(opts.image_size),
-              "--num-warmup-batches", str(opts.num_warmup_batches), "--num-batches-per-iter", str(batches),
-              "--num-iters", str(opts.num_iters), "--num-threads", "1", "--no-cuda"]
+    common = synthetic_args(model, opts)
     results: Dict[str, Dict[int, Optional[dict]]] = {"horovod": {}, "ddp": {}}
     for n in (1, np):
         for backend in ("horovod", "ddp"):
@@ -142,18 +164,8 @@ def report(synth: Dict[str, dict], step: Dict[str, Optional[float]], np: int) ->
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--models", default="resnet,mlp")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--num-warmup-batches", type=int, default=3)
-    parser.add_argument("--num-batches-per-iter", type=int, default=5)
-    parser.add_argument("--mlp-num-batches-per-iter", type=int, default=20,
-                        help="the MLP's steps are ~20x shorter, so it times more of them per iteration")
-    parser.add_argument("--num-iters", type=int, default=5)
+    add_scaling_options(parser, "resnet,mlp", warmup=3, batches=5, mlp_batches=20, iters=5)
     parser.add_argument("--skip-step", action="store_true", help="skip the 53-gradient step measurement")
-    parser.add_argument("--json", help="write the raw results here")
-    parser.add_argument("--timeout", type=float, default=300)
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()

@@ -1,0 +1,81 @@
+"""What ``tf.function`` costs a horovod.tensorflow collective: per-call latency eagerly vs in a graph, N ranks.
+
+Runs ``benchmarks/workers/tf_overhead.py`` under this project's ``horovodrun`` and prints, for one float32
+tensor per size (4 KB, 256 KB, 4 MB, 64 MB by default), the time of one ``hvd.allreduce`` through
+``horovod.numpy`` (the op layer alone, for reference), eagerly in TensorFlow, and as the only op of a
+``tf.function`` (run through ``tf.numpy_function``), with the ratio tf.function / eager. Then 20 tensors of
+256 KB: one ``grouped_allreduce`` eagerly and in a ``tf.function``, and 20 separate allreduces in one
+``tf.function`` (which run one after another). Each figure is the median of 3 repetitions of the mean over n
+calls (``benchmarks/workers/timing.py::measure``); every rank runs TensorFlow with one intra-op and one
+inter-op thread.
+
+    python benchmarks/tensorflow_overhead.py [--np 2] [--sizes 4096,262144] [--scale 0.25] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.torch_scaling import _run, horovod_cmd  # noqa: E402
+
+SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
+log = logging.getLogger("benchmarks.tensorflow_overhead")
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("MB", 20), ("KB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def report(res: dict) -> List[str]:
+    """The markdown tables: single tensors by size, then the group of tensors."""
+    us = "{:.1f}".format
+    lines = ["| tensor | horovod.numpy (µs) | TF eager (µs) | TF tf.function (µs) | tf.function / eager |",
+             "|---|---|---|---|---|"]
+    for nbytes, row in res["single"].items():
+        lines.append(f"| {_size(int(nbytes))} | {us(row['numpy'] * 1e6)} | {us(row['eager'] * 1e6)} | "
+                     f"{us(row['function'] * 1e6)} | {row['function'] / row['eager']:.2f} |")
+    group, row = res["group"], res["grouped"]
+    what = f"{group['tensors']} x {_size(group['bytes_each'])}"
+    lines += ["", f"| {what} | grouped_allreduce eager (µs) | grouped_allreduce in tf.function (µs) | "
+              "tf.function / eager | separate allreduces in one tf.function (µs) |", "|---|---|---|---|---|",
+              f"| {res['size']} ranks | {us(row['grouped eager'] * 1e6)} | {us(row['grouped function'] * 1e6)} | "
+              f"{row['grouped function'] / row['grouped eager']:.2f} | {us(row['separate function'] * 1e6)} |",
+              "", f"Threads per rank: {res['threads']} (TensorFlow); OMP_NUM_THREADS=1."]
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per tensor, comma-separated")
+    parser.add_argument("--scale", type=float, default=0.25,
+                        help="multiplies the iteration counts of benchmarks/workers/timing.py::iterations")
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--timeout", type=float, default=600)
+    opts = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "tf-overhead.json"
+        res = _run(horovod_cmd(opts.np, ["-m", "benchmarks.workers.tf_overhead", str(out), opts.sizes,
+                                         str(opts.scale)]), out, opts.timeout)
+    if res is None:
+        return 1
+    print()
+    print("\n".join(report(res)))
+    if opts.json:
+        Path(opts.json).write_text(json.dumps({"options": vars(opts), "results": res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
