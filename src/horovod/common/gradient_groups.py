@@ -2,7 +2,7 @@
 split into grouped allreduces, and how ``gradient_predivide_factor`` turns into pre/post scale factors."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.common.util import split_list
@@ -34,7 +34,8 @@ def scale_factors(op: ReduceOp, gradient_predivide_factor: float) -> Tuple[float
     return 1.0, 1.0
 
 
-def split_into_groups(indices: List[int], variables: Optional[Sequence[object]], groups: Groups) -> List[List[int]]:
+def split_into_groups(indices: List[int], variables: Optional[Sequence[object]], groups: Groups,
+                      key: Callable[[object], Hashable] = id) -> List[List[int]]:
     """Split the positions ``indices`` of dense gradients into the grouped allreduces to issue.
 
     ``groups`` None/0: one group. An int: that many contiguous groups. A list of lists of variables: those
@@ -45,9 +46,9 @@ def split_into_groups(indices: List[int], variables: Optional[Sequence[object]],
     if isinstance(groups, int) and groups > 0:
         return [p for p in split_list(indices, min(groups, len(indices))) if p]
     if isinstance(groups, (list, tuple)) and groups and variables is not None:
-        group_of = {id(v): gi for gi, group in enumerate(groups) for v in group}
+        group_of = {key(v): gi for gi, group in enumerate(groups) for v in group}
         parts: dict = {}
         for i in indices:
-            parts.setdefault(group_of.get(id(variables[i]), -1 - i), []).append(i)
+            parts.setdefault(group_of.get(key(variables[i]), -1 - i), []).append(i)
         return list(parts.values())
     return [list(indices)]

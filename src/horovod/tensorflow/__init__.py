@@ -1,7 +1,10 @@
 """``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API on this project's engine.
 
-The collectives work eagerly and inside ``tf.function`` (through ``tf.numpy_function``), with upstream's
-signatures and gradients; see ``docs/tensorflow.md`` and ``horovod.tensorflow.mpi_ops``.
+The collectives work eagerly, inside ``tf.function`` and in TF1 graphs (through ``tf.numpy_function``), with
+upstream's signatures and gradients; see ``docs/tensorflow.md`` and ``horovod.tensorflow.mpi_ops``. Training
+helpers: ``DistributedGradientTape``/``PartialDistributedGradientTape`` (TF2), ``DistributedOptimizer`` (TF1
+optimizers; Keras optimizers go to ``horovod.tensorflow.keras``), ``BroadcastGlobalVariablesHook`` and
+``broadcast_global_variables`` (TF1), ``SyncBatchNormalization``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from horovod.tensorflow.functions import (  # noqa: F401
     broadcast_object_fn,
     broadcast_variables,
 )
-from horovod.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper  # noqa: F401
+from horovod.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: F401
+from horovod.tensorflow.graph_hooks import BroadcastGlobalVariablesHook, broadcast_global_variables  # noqa: F401
 from horovod.tensorflow.mpi_ops import (  # noqa: F401
     Adasum,
     Average,
@@ -71,6 +76,8 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
     start_timeline,
     stop_timeline,
 )
+from horovod.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
 
 
 def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_factor, name, process_set,

@@ -1,15 +1,32 @@
-"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient`` averages the gradients across ranks."""
+"""``DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient`` averages the gradients across ranks, and
+``PartialDistributedGradientTape``, which leaves the gradients of some (local) layers out of the allreduce.
+
+Local gradients: a variable registered with ``register_local_source`` keeps this rank's own gradient. With
+``scale_local_gradients=True`` (the default, as upstream since 0.28) that gradient is divided by the number of
+ranks, so that local and global variables see the gradient of one objective, the mean of the ranks' losses:
+``d mean_r(L_r) / d w_local = (1/size) * dL_local / d w_local``, while the allreduce (Average) gives exactly that
+mean for the global variables.
+"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from horovod.common.gradient_groups import check_groups, scale_factors, split_into_groups
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.types import Adasum, Average, ReduceOp
-from horovod.common.util import split_list
+from horovod.common.types import Average, ReduceOp
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.mpi_ops import _grouped_allreduce, size
+from horovod.tensorflow.mpi_ops import _grouped_allreduce, collective_chain, size
+
+
+def _key(source):
+    """A hashable identity for a variable or tensor: its ``ref()``; a Keras 3 variable (unhashable, no ``ref``)
+    is keyed by the ``tf.Variable`` it wraps, so either form identifies it."""
+    inner = getattr(source, "value", None)
+    if isinstance(inner, tf.Variable):
+        source = inner
+    return source.ref() if hasattr(source, "ref") else id(source)
 
 
 def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: ReduceOp,
@@ -19,12 +36,7 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
     from horovod.tensorflow import allreduce  # the public one (handles IndexedSlices and compression)
 
     op = ReduceOp(op)
-    if op == Adasum:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
-    postscale = gradient_predivide_factor if op == Average else 1.0
+    prescale, postscale = scale_factors(op, gradient_predivide_factor)
 
     def reduce_grads(grads: List, variables: Optional[List]) -> List:
         grads = list(grads)
@@ -32,24 +44,23 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if size() == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
             return grads
+        # In a graph, a graph-unique prefix (the same on every rank that builds the same graph) keeps two
+        # optimizers of one graph from submitting the same tensor names at once.
+        base = name if tf.executing_eagerly() else tf.compat.v1.get_default_graph().unique_name(name)
+        with collective_chain():   # a TF1 graph: this step's collectives run in one order on every rank
+            return _reduce(grads, variables, base)
+
+    def _reduce(grads: List, variables: Optional[List], base: str) -> List:
         out = list(grads)
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
-                out[i] = allreduce(g, op=op, name=f"{name}.sparse.{i}", process_set=process_set)
-        if isinstance(groups, int) and groups > 0:
-            parts = [p for p in split_list(dense, min(groups, len(dense)) or 1) if p]
-        elif isinstance(groups, list) and variables is not None:
-            refs = {v.ref(): gi for gi, group in enumerate(groups) for v in group}
-            member = {}
-            for i in dense:
-                member.setdefault(refs.get(variables[i].ref(), -1 - i), []).append(i)
-            parts = list(member.values())
-        else:
-            parts = [dense] if dense else []
+                out[i] = allreduce(g, op=op, name=f"{base}.sparse.{i}", ignore_name_scope=True,
+                                   process_set=process_set)
+        parts = split_into_groups(dense, variables, groups, key=_key)
         for p, indices in enumerate(parts):
             compressed = [compression.compress(grads[i]) for i in indices]
-            reduced = _grouped_allreduce([c for c, _ in compressed], name=f"{name}.group{p}", op=op,
+            reduced = _grouped_allreduce([c for c, _ in compressed], name=f"{base}.group{p}", op=op,
                                          prescale_factor=prescale, postscale_factor=postscale,
                                          ignore_name_scope=True, process_set=process_set)
             for i, r, (_, ctx) in zip(indices, reduced, compressed):
@@ -59,21 +70,68 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
     return reduce_grads
 
 
+def _scale_local(grad, factor: float):
+    if grad is None or factor == 1.0:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def reduce_global_keep_local(allreduce_grads: Callable[[List, Optional[List]], List], grads: Sequence,
+                             sources: Optional[Sequence], local_keys: set, scale_local_gradients: bool) -> List:
+    """The gradients to apply: ``allreduce_grads`` of the global sources' gradients, and this rank's own gradient
+    for the sources whose key is in ``local_keys`` (divided by the number of ranks when
+    ``scale_local_gradients``; see the module docstring)."""
+    grads = list(grads)
+    if not local_keys or sources is None:
+        return allreduce_grads(grads, None if sources is None else list(sources))
+    sources = list(sources)
+    local = [_key(s) in local_keys for s in sources]
+    global_idx = [i for i, is_local in enumerate(local) if not is_local]
+    out = list(grads)
+    if global_idx:
+        reduced = allreduce_grads([grads[i] for i in global_idx], [sources[i] for i in global_idx])
+        for i, r in zip(global_idx, reduced):
+            out[i] = r
+    factor = 1.0 / size() if scale_local_gradients else 1.0
+    for i, is_local in enumerate(local):
+        if is_local:
+            out[i] = _scale_local(grads[i], factor)
+    return out
+
+
 class _DistributedGradientTape(tf.GradientTape):
     def __init__(self, tape, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
-                 persistent=False, watch_accessed_variables=True, process_set=global_process_set):
+                 persistent=False, watch_accessed_variables=True, process_set=global_process_set,
+                 scale_local_gradients=True):
         super(self.__class__, self).__init__(persistent, watch_accessed_variables)
         self._tape = tape
         self._hvd_process_set = process_set
+        self._local_sources = set()
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
         self._allreduce_grads = _make_allreduce_grads_fn("DistributedGradientTape", compression, sparse_as_dense,
                                                          op, gradient_predivide_factor, groups, process_set)
 
-    def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
-        gradients = super(self.__class__, self).gradient(target, sources, output_gradients)
+    def register_local_source(self, source):
+        """Mark ``source`` (a variable) as local to this rank: its gradient is not allreduced; ``gradient``
+        returns this rank's own (scaled by 1/size when ``scale_local_gradients``)."""
+        self._local_sources.add(_key(source))
+
+    def get_local_and_global_gradients(self, gradients, sources, use_generic_names=False):
+        """From this rank's ``gradients`` of ``sources`` (as the plain tape computed them), the gradients to
+        apply: allreduced for global sources, this rank's own for the registered local ones."""
         flat_sources = tf.nest.flatten(sources)
         flat = tf.nest.flatten(gradients, expand_composites=False)
-        reduced = self._allreduce_grads(flat, flat_sources if len(flat_sources) == len(flat) else None)
+        aligned = flat_sources if len(flat_sources) == len(flat) else None
+        reduced = reduce_global_keep_local(self._allreduce_grads, flat, aligned, self._local_sources,
+                                           self.scale_local_gradients)
         return tf.nest.pack_sequence_as(gradients, reduced)
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
+        gradients = super(self.__class__, self).gradient(target, sources, output_gradients)
+        return self.get_local_and_global_gradients(gradients, sources, use_generic_names)
 
 
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "", compression=Compression.none,
@@ -84,11 +142,39 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
 
     ``groups``: an int (split the gradients into that many grouped allreduces) or a list of lists of variables;
     by default all dense gradients go as one group. ``num_groups`` is the deprecated form of an int ``groups``.
+    Variables registered with ``register_local_source`` keep their local gradient, divided by the number of ranks
+    when ``scale_local_gradients``.
     """
-    if num_groups and groups is None:
-        groups = num_groups
-    if groups is not None and not (isinstance(groups, int) or isinstance(groups, list)):
-        raise ValueError("groups should be an int or a list of lists of tf.Variable")
+    groups = check_groups(groups, num_groups)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
-               gradtape._persistent, gradtape._watch_accessed_variables, process_set)
+               gradtape._persistent, gradtape._watch_accessed_variables, process_set, scale_local_gradients)
+
+
+def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
+                                   compression=Compression.none, sparse_as_dense: bool = False,
+                                   op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups=None, process_set: ProcessSet = global_process_set,
+                                   local_layers=None, scale_local_gradients: bool = True):
+    """A ``DistributedGradientTape`` that does not allreduce the gradients of the variables of ``local_layers``
+    (a Keras layer or a list of them): those layers stay different on each rank (model parallelism, per-rank
+    heads). Their gradients are this rank's own, divided by the number of ranks when ``scale_local_gradients``.
+    """
+    import keras
+
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    else:
+        local_layers = list(local_layers)
+    wrong = [type(layer).__name__ for layer in local_layers if not isinstance(layer, keras.layers.Layer)]
+    if wrong:
+        raise ValueError(f"All local layers must be of tf.keras.layers.Layer type; got {', '.join(wrong)}. "
+                         "Pass the layers themselves (e.g. local_layers=[model.layers[0]]).")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for var in layer.trainable_weights:
+            tape.register_local_source(var)
+    return tape
