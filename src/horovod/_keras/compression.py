@@ -6,48 +6,25 @@ optimizer accepts either.
 """
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import keras
 
+from horovod.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
-class Compressor:
-    """Interface: ``compress`` before the wire, ``decompress`` after it."""
 
-    @staticmethod
-    def compress(tensor: Any) -> Tuple[Any, Any]:
-        raise NotImplementedError
+class _CastCompressor(CastCompressor):
+    """The cast hooks for this framework's tensors."""
 
     @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leave tensors as they are."""
+    def dtype_of(tensor) -> str:
+        return keras.backend.standardize_dtype(tensor.dtype)
 
     @staticmethod
-    def compress(tensor):
-        return tensor, None
+    def is_floating(dtype: str) -> bool:
+        return "float" in dtype
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype = "float16"
-
-    @classmethod
-    def compress(cls, tensor):
-        dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if "float" in dtype and dtype != cls.wire_dtype:
-            return keras.ops.cast(tensor, cls.wire_dtype), dtype
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return keras.ops.cast(tensor, ctx) if ctx is not None else tensor
+    def cast(tensor, dtype: str):
+        return keras.ops.cast(tensor, dtype)
 
 
 class FP16Compressor(_CastCompressor):

@@ -16,13 +16,13 @@ through it), so the same class works in ``model.fit`` and in a custom loop.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, List, Optional, Set
 
 import keras
 
 from horovod._keras import backend_ops
-from horovod.common.gradient_groups import Groups, check_groups, scale_factors, split_into_groups
+from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_groups, scale_factors
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp, Sum
 
@@ -59,8 +59,8 @@ def _distributed_class(base: type, settings: _Settings) -> type:
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self._hvd = _Settings(**{**vars(type(self)._hvd_settings),
-                                     "local_ids": set(type(self)._hvd_settings.local_ids)})
+            settings = type(self)._hvd_settings
+            self._hvd = replace(settings, local_ids=set(settings.local_ids))
 
         def register_local_var(self, var: Any) -> None:
             """Keep ``var``'s gradient local to this rank (not allreduced)."""
@@ -142,12 +142,8 @@ def _distributed_class(base: type, settings: _Settings) -> type:
                     dense.append(i)
             if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
                 return out
-            for p, indices in enumerate(split_into_groups(dense, variables, s.groups)):
-                compressed = [s.compression.compress(out[i]) for i in indices]
-                reduced = backend_ops.grouped_allreduce([c for c, _ in compressed], f"{s.name}.group{p}", s.op,
-                                                        s.prescale, s.postscale, s.process_set)
-                for i, r, (_, ctx) in zip(indices, reduced, compressed):
-                    out[i] = s.compression.decompress(r, ctx)
+            allreduce_in_groups(out, dense, variables, s.groups, s.compression, lambda tensors, name: (
+                backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set)), s.name)
             return out
 
     _DistributedOptimizer.__name__ = base.__name__

@@ -61,12 +61,8 @@ def sync_backend_state(model: Any) -> None:
     """Write the JAX trainer's in-flight state back into the model's variables (a no-op on other backends), so
     that a callback reads current values and its assignments are picked up by the next step."""
     sync = getattr(model, "jax_state_sync", None)
-    if sync is not None and backend_is_jax():
+    if sync is not None and keras.backend.backend() == "jax":
         sync()
-
-
-def backend_is_jax() -> bool:
-    return keras.backend.backend() == "jax"
 
 
 def broadcast_variables(variables: Iterable[Any], root_rank: int, name: str = "broadcast_variables",

@@ -2,7 +2,7 @@
 split into grouped allreduces, and how ``gradient_predivide_factor`` turns into pre/post scale factors."""
 from __future__ import annotations
 
-from typing import Callable, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
 from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.common.util import split_list
@@ -52,3 +52,16 @@ def split_into_groups(indices: List[int], variables: Optional[Sequence[object]],
             parts.setdefault(group_of.get(key(variables[i]), -1 - i), []).append(i)
         return list(parts.values())
     return [list(indices)]
+
+
+def allreduce_in_groups(out: List[Any], indices: List[int], variables: Optional[Sequence[object]], groups: Groups,
+                        compression: Any, grouped_allreduce: Callable[[List[Any], str], List[Any]], name: str,
+                        key: Callable[[object], Hashable] = id) -> None:
+    """Replace ``out[i]`` for each ``i`` in ``indices`` by its reduction: one compressed grouped allreduce per
+    group of ``split_into_groups``, named ``<name>.group<p>``. ``grouped_allreduce(tensors, name)`` is the
+    framework's op with the op and scale factors bound."""
+    for p, part in enumerate(split_into_groups(indices, variables, groups, key)):
+        compressed = [compression.compress(out[i]) for i in part]
+        reduced = grouped_allreduce([c for c, _ in compressed], f"{name}.group{p}")
+        for i, r, (_, ctx) in zip(part, reduced, compressed):
+            out[i] = compression.decompress(r, ctx)

@@ -1,47 +1,25 @@
 """Gradient compression for allreduce: ``Compression.none``, ``Compression.fp16`` and (ours) ``Compression.bf16``."""
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import tensorflow as tf
 
+from horovod.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
-class Compressor:
-    """Interface: ``compress`` before the wire, ``decompress`` after it."""
 
-    @staticmethod
-    def compress(tensor: tf.Tensor) -> Tuple[tf.Tensor, Any]:
-        raise NotImplementedError
+class _CastCompressor(CastCompressor):
+    """The cast hooks for this framework's tensors."""
 
     @staticmethod
-    def decompress(tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leave tensors as they are."""
+    def dtype_of(tensor: tf.Tensor) -> tf.DType:
+        return tensor.dtype
 
     @staticmethod
-    def compress(tensor):
-        return tensor, None
+    def is_floating(dtype: tf.DType) -> bool:
+        return dtype.is_floating
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype = tf.float16
-
-    @classmethod
-    def compress(cls, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != cls.wire_dtype:
-            return tf.cast(tensor, cls.wire_dtype), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tf.cast(tensor, ctx) if ctx is not None and tensor.dtype != ctx else tensor
+    def cast(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        return tf.cast(tensor, dtype)
 
 
 class FP16Compressor(_CastCompressor):

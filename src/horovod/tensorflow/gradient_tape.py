@@ -13,7 +13,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod.common.gradient_groups import check_groups, scale_factors, split_into_groups
+from horovod.common.gradient_groups import allreduce_in_groups, check_groups, scale_factors
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
 from horovod.tensorflow.compression import Compression
@@ -50,6 +50,10 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
         with collective_chain():   # a TF1 graph: this step's collectives run in one order on every rank
             return _reduce(grads, variables, base)
 
+    def _grouped(tensors: List, group_name: str) -> List:
+        return _grouped_allreduce(tensors, name=group_name, op=op, prescale_factor=prescale,
+                                  postscale_factor=postscale, ignore_name_scope=True, process_set=process_set)
+
     def _reduce(grads: List, variables: Optional[List], base: str) -> List:
         out = list(grads)
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
@@ -57,14 +61,7 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
             if isinstance(g, tf.IndexedSlices):
                 out[i] = allreduce(g, op=op, name=f"{base}.sparse.{i}", ignore_name_scope=True,
                                    process_set=process_set)
-        parts = split_into_groups(dense, variables, groups, key=_key)
-        for p, indices in enumerate(parts):
-            compressed = [compression.compress(grads[i]) for i in indices]
-            reduced = _grouped_allreduce([c for c, _ in compressed], name=f"{base}.group{p}", op=op,
-                                         prescale_factor=prescale, postscale_factor=postscale,
-                                         ignore_name_scope=True, process_set=process_set)
-            for i, r, (_, ctx) in zip(indices, reduced, compressed):
-                out[i] = compression.decompress(r, ctx)
+        allreduce_in_groups(out, dense, variables, groups, compression, _grouped, base, key=_key)
         return out
 
     return reduce_grads

@@ -1,47 +1,25 @@
 """Gradient compression for allreduce: ``Compression.none``, ``Compression.fp16`` and (ours) ``Compression.bf16``."""
 from __future__ import annotations
 
-from typing import Any, Tuple
-
 import torch
 
+from horovod.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
 
-class Compressor:
-    """Interface: ``compress`` before the wire, ``decompress`` after it."""
 
-    @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        raise NotImplementedError
+class _CastCompressor(CastCompressor):
+    """The cast hooks for this framework's tensors."""
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Leave tensors as they are."""
+    def dtype_of(tensor: torch.Tensor) -> torch.dtype:
+        return tensor.dtype
 
     @staticmethod
-    def compress(tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        return tensor, None
+    def is_floating(dtype: torch.dtype) -> bool:
+        return dtype.is_floating_point
 
     @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor
-
-
-class _CastCompressor(Compressor):
-    wire_dtype = torch.float16
-
-    @classmethod
-    def compress(cls, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
-        if tensor.dtype.is_floating_point and tensor.dtype != cls.wire_dtype:
-            return tensor.type(cls.wire_dtype), tensor.dtype
-        return tensor, tensor.dtype
-
-    @staticmethod
-    def decompress(tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return tensor.type(ctx) if ctx is not None and tensor.dtype != ctx else tensor
+    def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return tensor.type(dtype)
 
 
 class FP16Compressor(_CastCompressor):
