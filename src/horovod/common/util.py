@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import logging
 import os
-from typing import Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from horovod.common.types import ReduceOp
 
@@ -58,3 +60,69 @@ def is_version_greater_equal_than(ver: str, target: str) -> bool:
     from packaging.version import Version
 
     return Version(ver) >= Version(target)
+
+
+def _cache(f: Callable) -> Callable:
+    """Memoize ``f`` on its (hashable) arguments, as upstream's decorator of the same name."""
+    return functools.lru_cache(maxsize=None)(f)
+
+
+def is_iterable(x: Any) -> bool:
+    """True when ``iter(x)`` works."""
+    try:
+        iter(x)
+    except TypeError:
+        return False
+    return True
+
+
+# Upstream asks its compiled extensions what they were built with. Here every binding is pure Python on one core,
+# so "built" means the binding's framework can be imported, and the capabilities are the core's.
+_FRAMEWORKS = {"horovod.torch": "torch", "horovod.tensorflow": "tensorflow", "horovod.mxnet": "mxnet",
+               "horovod.jax": "jax", "horovod.keras": "keras", "horovod.tensorflow.keras": "tensorflow"}
+
+
+def extension_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """True when the binding ``ext_base_name`` (for example ``'horovod.torch'``) can be used: its framework is
+    installed."""
+    framework = _FRAMEWORKS.get(ext_base_name)
+    available = framework is not None and importlib.util.find_spec(framework) is not None
+    if verbose and not available:
+        log.info("Extension %s has not been built: %s is not installed.", ext_base_name, framework)
+    return available
+
+
+def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
+    """False: GPU tensors are staged through host memory in this release (see docs/torch.md)."""
+    return False
+
+
+def mpi_built(verbose: bool = False) -> bool:
+    """True when mpi4py is installed, so jobs can run on MPI."""
+    from horovod.common import basics
+
+    return basics.mpi_built()
+
+
+def gloo_built(verbose: bool = False) -> bool:
+    """True: the built-in controller and data planes take Gloo's role."""
+    from horovod.common import basics
+
+    return basics.gloo_built()
+
+
+def nccl_built(verbose: bool = False) -> int:
+    """The NCCL version as upstream's integer, or 0 when there is none."""
+    from horovod.common import basics
+
+    return basics.nccl_built()
+
+
+def ddl_built(verbose: bool = False) -> bool:
+    """False: IBM DDL is not supported."""
+    return False
+
+
+def ccl_built(verbose: bool = False) -> bool:
+    """False: Intel oneCCL is not supported."""
+    return False

@@ -1,0 +1,1 @@
+"""Upstream's ``horovod.runner.util`` helpers (threads, network) that test utilities and users' code import."""
