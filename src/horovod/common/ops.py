@@ -57,6 +57,13 @@ def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
     return op
 
 
+def _check_scale(dtype: DataType, prescale_factor: float, postscale_factor: float, what: str) -> None:
+    """Scale factors other than 1 need a numeric dtype (upstream scales no bool tensors either)."""
+    if dtype == DataType.BOOL and (prescale_factor != 1.0 or postscale_factor != 1.0):
+        raise ValueError(f"{what} cannot apply prescale_factor or postscale_factor to bool tensors; leave them "
+                         "at 1.0 or cast the tensor to a numeric type.")
+
+
 def _engine():
     return basics.engine()
 
@@ -79,6 +86,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     check_global(process_set)
     dtype = check_array(tensor)
     op = _check_reduce(op, dtype, "allreduce")
+    _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
     name = name or tensor_name("allreduce", None)
     if output is None:
         output = np.empty_like(tensor)
@@ -106,6 +114,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
     for i, (t, out) in enumerate(zip(tensors, outputs)):
         dtype = check_array(t)
         op = _check_reduce(op, dtype, "grouped_allreduce")
+        _check_scale(dtype, prescale_factor, postscale_factor, "grouped_allreduce")
         member = f"{base}_{i}of{n}"
         request = make_request(member, RequestType.ALLREDUCE, dtype, t.shape, op, prescale_factor,
                                postscale_factor, group=base, group_size=n)
@@ -204,6 +213,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     if tensor.ndim == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension.")
     op = _check_reduce(op, dtype, "reducescatter")
+    _check_scale(dtype, prescale_factor, postscale_factor, "reducescatter")
     name = name or tensor_name("reducescatter", None)
     handle = Handle(name)
     request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
@@ -231,6 +241,8 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
         dtype = check_array(t)
         if t.ndim == 0:
             raise ValueError("reducescatter needs tensors with at least one dimension.")
+        _check_reduce(op, dtype, "grouped_reducescatter")
+        _check_scale(dtype, prescale_factor, postscale_factor, "grouped_reducescatter")
         request = make_request(f"{base}_{i}of{n}", RequestType.REDUCESCATTER, dtype, t.shape, op, prescale_factor,
                                postscale_factor, group=base, group_size=n)
         entries.append(Entry(request, t, None, handle, index=i, allocate=alloc))
