@@ -14,7 +14,8 @@ FILES = sorted(p.name for p in PARALLEL.glob("test_torch_*.py"))
 JOB_TIMEOUT = 240
 PER_TEST_TIMEOUT = ["--timeout=60"]
 EXPECTED = {"test_torch_ops.py", "test_torch_autograd.py", "test_torch_optimizer.py",
-            "test_torch_sync_batch_norm.py", "test_torch_join.py", "test_torch_errors.py"}
+            "test_torch_sync_batch_norm.py", "test_torch_join.py", "test_torch_errors.py",
+            "test_torch_scaling.py", "test_torch_sparse.py"}
 
 
 def test_every_torch_file_is_listed():

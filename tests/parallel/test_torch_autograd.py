@@ -4,9 +4,13 @@ Every rank builds every rank's input x_r and upstream weight w_r deterministical
 computes its distributed output y_r and backpropagates loss_r = sum(y_r * w_r). The reference is the same
 computation done in one process on all ranks' data:
 
-* allreduce, alltoall and reducescatter: the gradient each rank gets is d(sum_r loss_r)/dx_rank;
+* allreduce and alltoall: the gradient each rank gets is d(sum_r loss_r)/dx_rank;
 * allgather and broadcast: upstream averages the gradient across ranks (contract 1.2), so the gradient each
-  rank gets is d(mean_r loss_r)/dx_rank (zero on non-root ranks for broadcast).
+  rank gets is d(mean_r loss_r)/dx_rank (zero on non-root ranks for broadcast);
+* reducescatter: upstream multiplies the incoming gradient by the size for Sum, then by both scale factors, and
+  allgathers it; for Sum and Average alike that is size * d(sum_r loss_r)/dx_rank.
+
+The grouped forms follow the same rule per tensor.
 """
 import pytest
 import torch
@@ -177,8 +181,83 @@ def test_reducescatter_grad_uneven_rows(dtype, op_name, factors):
     total = sum(ref_xs) * pre * post / (size if op == hvd.Average else 1)
     ref_ys = torch.split(total, counts)
     torch.testing.assert_close(y.detach(), ref_ys[rank].detach(), **tol(dtype))
-    sum((ref_ys[r] * ws[r]).sum() for r in range(size)).backward()
+    (size * sum((ref_ys[r] * ws[r]).sum() for r in range(size))).backward()     # upstream's factor: size
     check_grad(x, ref_xs, rank, dtype)
+
+
+def test_reducescatter_grad_is_upstreams_exactly():
+    """Upstream's test: ones in, ones back; Sum gives size everywhere, Average gives 1."""
+    size = hvd.size()
+    for op_name, expected in [("Sum", float(size)), ("Average", 1.0)]:
+        x = torch.ones(4 * size, 3, dtype=torch.float64, requires_grad=True)
+        y = hvd.reducescatter(x, op=getattr(hvd, op_name), name=f"grad.rs.ones.{op_name}")
+        y.backward(torch.ones_like(y))
+        torch.testing.assert_close(x.grad, torch.full_like(x, expected), rtol=0, atol=0)
+    # The factors multiply in after the size: 0.5 * 3 = 1.5 per element for Average.
+    x = torch.ones(2 * size, dtype=torch.float64, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Average, prescale_factor=0.5, postscale_factor=3.0, name="grad.rs.ones.scaled") \
+        .sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 1.5), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+@pytest.mark.parametrize("factors", [(1.0, 1.0), (2.0, 0.25)], ids=["plain", "scaled"])
+def test_grouped_reducescatter_grad(dtype, op_name, factors):
+    rank, size = hvd.rank(), hvd.size()
+    op = getattr(hvd, op_name)
+    pre, post = factors
+    n_a, n_b = 2 * size + 1, size
+    xs = [(rand(1500 + r, (n_a, 2), dtype), rand(1600 + r, (n_b,), dtype)) for r in range(size)]
+    counts_a = [rs_rows(n_a, size, r) for r in range(size)]
+    counts_b = [rs_rows(n_b, size, r) for r in range(size)]
+    ws = [(rand(1700 + r, (counts_a[r], 2), dtype), rand(1800 + r, (counts_b[r],), dtype)) for r in range(size)]
+
+    a, b = (t.clone().requires_grad_(True) for t in xs[rank])
+    ya, yb = hvd.grouped_reducescatter([a, b], op=op, prescale_factor=pre, postscale_factor=post,
+                                       name=f"grad.grs.{op_name}.{ident(dtype)}.{pre}")
+    ((ya * ws[rank][0]).sum() + (yb * ws[rank][1]).sum()).backward()
+
+    ref_a, ref_b = leaves([x[0] for x in xs]), leaves([x[1] for x in xs])
+    scale = pre * post / (size if op == hvd.Average else 1)
+    ys_a, ys_b = torch.split(sum(ref_a) * scale, counts_a), torch.split(sum(ref_b) * scale, counts_b)
+    torch.testing.assert_close(ya.detach(), ys_a[rank].detach(), **tol(dtype))
+    torch.testing.assert_close(yb.detach(), ys_b[rank].detach(), **tol(dtype))
+    (size * sum((ys_a[r] * ws[r][0]).sum() + (ys_b[r] * ws[r][1]).sum() for r in range(size))).backward()
+    check_grad(a, ref_a, rank, dtype)
+    check_grad(b, ref_b, rank, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=ident)
+def test_grouped_allgather_grad_uneven_rows(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    xs = [(rand(1900 + r, (r + 1, 3), dtype), rand(2000 + r, (size - r,), dtype)) for r in range(size)]
+    rows_a, rows_b = size * (size + 1) // 2, size * (size + 1) // 2
+    ws = [(rand(2100 + r, (rows_a, 3), dtype), rand(2200 + r, (rows_b,), dtype)) for r in range(size)]
+
+    a, b = (t.clone().requires_grad_(True) for t in xs[rank])
+    ya, yb = hvd.grouped_allgather([a, b], name=f"grad.gag.{ident(dtype)}")
+    ((ya * ws[rank][0]).sum() + (yb * ws[rank][1]).sum()).backward()
+
+    ref_a, ref_b = leaves([x[0] for x in xs]), leaves([x[1] for x in xs])
+    ga, gb = torch.cat(ref_a), torch.cat(ref_b)
+    torch.testing.assert_close(ya.detach(), ga.detach())
+    torch.testing.assert_close(yb.detach(), gb.detach())
+    (sum((ga * w[0]).sum() + (gb * w[1]).sum() for w in ws) / size).backward()      # averaged, as allgather
+    check_grad(a, ref_a, rank, dtype)
+    check_grad(b, ref_b, rank, dtype)
+
+
+def test_grouped_allgather_grad_reaches_only_inputs_that_need_it():
+    rank, size = hvd.rank(), hvd.size()
+    a = torch.full((2, 2), float(rank), requires_grad=True)
+    b = torch.full((1,), float(rank))                                  # no gradient wanted
+    ya, yb = hvd.grouped_allgather([a, b], name="grad.gag.mixed")
+    assert ya.requires_grad
+    assert yb.tolist() == [float(r) for r in range(size)]
+    (ya * 2).sum().backward()
+    torch.testing.assert_close(a.grad, torch.full((2, 2), 2.0))
+    assert b.grad is None
 
 
 def test_gradient_flows_through_a_chain_of_collectives():
@@ -198,10 +277,10 @@ def test_gradient_flows_through_a_chain_of_collectives():
     total = summed * size                               # every rank contributes the same s
     ys = torch.split(total, [2] * size)
     torch.testing.assert_close(y.detach(), ys[rank].detach())
-    # Backward by hand: reducescatter(Sum) -> allgather of the w's (W, the same everywhere); allreduce(Sum) sums
-    # W over ranks -> size * W into g * (q + 1) on rank q; allgather's backward averages over q (upstream's rule)
-    # and narrows to this rank's rows.
+    # Backward by hand: reducescatter(Sum) -> allgather of size * w (upstream's factor): size * W, the same
+    # everywhere; allreduce(Sum) sums that over ranks -> size^2 * W into g * (q + 1) on rank q; allgather's
+    # backward averages over q (upstream's rule) and narrows to this rank's rows.
     w_all = torch.cat(ws)
     mean_factor = sum(q + 1 for q in range(size)) / size
-    expected = (size * w_all * mean_factor)[2 * rank:2 * rank + 2]
+    expected = (size * size * w_all * mean_factor)[2 * rank:2 * rank + 2]
     torch.testing.assert_close(x.grad, expected)

@@ -139,9 +139,24 @@ def test_bool_is_not_supported_by_reductions():
     assert hvd.allgather(t, name="t.bool.ag").shape == (4 * hvd.size(),)
 
 
-def test_reducescatter_rejects_other_ops_and_adasum_is_not_available():
-    with pytest.raises((ValueError, NotImplementedError)):
-        hvd.reducescatter(torch.ones(4), op=hvd.Max)
+@pytest.mark.parametrize("op_name", ["Adasum", "Min", "Max", "Product"])
+def test_reducescatter_rejects_other_ops_with_runtime_error(op_name):
+    # Upstream's core refuses these ("Reducescatter currently only supports AVERAGE and SUM."), which its torch
+    # binding raises as a RuntimeError on every rank, at the call.
+    op = getattr(hvd, op_name)
+    t = torch.ones(2 * hvd.size(), 2)
+    calls = [lambda: hvd.reducescatter(t, op=op), lambda: hvd.reducescatter_async(t, op=op),
+             lambda: hvd.grouped_reducescatter([t, t], op=op), lambda: hvd.grouped_reducescatter_async([t], op=op)]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=f"reducescatter supports op=Sum and op=Average, not op={op_name}"):
+            call()
+    for call in [lambda: hvd.reducescatter(torch.ones(2, dtype=torch.bool), op=op),
+                 lambda: hvd.grouped_reducescatter([t, torch.ones(2, dtype=torch.complex64)], op=op)]:
+        with pytest.raises(ValueError, match="not supported"):      # the tensors are checked first, as upstream
+            call()
+
+
+def test_adasum_is_not_available():
     with pytest.raises(NotImplementedError):
         hvd.allreduce(torch.ones(4), op=hvd.Adasum)
 

@@ -317,9 +317,13 @@ def test_alltoall(dtype, form):
                          for src in range(size)])
         if form == "equal":
             out = hvd.alltoall(t, name=name)
+            assert isinstance(out, torch.Tensor), "alltoall without splits returns the output only"
         else:
-            out = hvd.synchronize(hvd.alltoall_async(t, name=name))
-        assert isinstance(out, torch.Tensor), "alltoall without splits returns the output only"
+            # Upstream: synchronize() of any alltoall handle gives (output, received_splits), splits or not.
+            result = hvd.synchronize(hvd.alltoall_async(t, name=name))
+            assert isinstance(result, tuple) and len(result) == 2, "synchronize gives (output, received)"
+            out, received = result
+            assert received.dtype == torch.int32 and received.tolist() == [2] * size
         assert_close(out, exp, dtype)
         return
     t = a2a_input(rank, size, dtype)

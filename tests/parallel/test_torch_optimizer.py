@@ -434,3 +434,46 @@ def test_broadcast_optimizer_state_then_training_stays_in_sync():
             warnings.simplefilter("error")
             opt.step()
     assert_params_equal_across_ranks(model)
+
+
+class FrozenIndex(nn.Module):
+    """Upstream's no-grad case: an integer parameter with requires_grad=False next to a trainable one."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.a = nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+        self.b = nn.Parameter(torch.rand(4, dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.index_select(self.b, 0, self.a.long()) * x
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "distributed"])
+def test_broadcast_optimizer_state_with_a_frozen_parameter(wrapped):
+    rank, size = hvd.rank(), hvd.size()
+    model = FrozenIndex(seed=600 + rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.001 * (rank + 1), weight_decay=1e-6, momentum=0.9, nesterov=True)
+    if wrapped:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=[(f"frozen.{n}", p) for n, p in model.named_parameters()])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = model.b.detach().clone()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    frozen, trainable = opt.param_groups[0]["params"]
+    assert frozen.grad is None, "a parameter without requires_grad must get no gradient"
+    assert frozen not in opt.state
+    # As upstream: a trainable parameter that had no gradient keeps the zero gradient that made its state.
+    assert trainable.grad is not None and torch.equal(trainable.grad, torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(hvd.broadcast(trainable.grad, root_rank=0, name=f"frozen.grad.{wrapped}"), trainable.grad)
+    assert torch.equal(model.b.detach(), before), "materialising the state moved the parameters"
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.001)
+    buffers = hvd.allgather(opt.state[trainable]["momentum_buffer"].reshape(1, -1), name=f"frozen.buf.{wrapped}")
+    assert all(torch.equal(buffers[r], buffers[0]) for r in range(size))
+
+    opt.zero_grad()
+    model(torch.full((2,), float(rank + 1), dtype=torch.float64)).sum().backward()
+    opt.step()
+    assert frozen.grad is None
+    if wrapped:                                          # averaged gradients: the ranks stay in step
+        assert_params_equal_across_ranks(model)

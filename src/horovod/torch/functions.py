@@ -43,30 +43,18 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                               process_set: ProcessSet = global_process_set) -> None:
     """Broadcast an optimizer's state (tensors and scalar options such as lr) from ``root_rank``.
 
-    Optimizers whose state is still empty get it materialised first, by a zero-gradient step of the
-    underlying optimizer, so that every rank has the same state tensors to receive into.
+    Optimizers whose state is still empty get it materialised first, as upstream does: every trainable
+    parameter gets a zero gradient (sparse for ``SparseAdam``, and for ``SGD`` on the sparse embeddings of
+    ``model``) and the underlying optimizer steps once. Parameters that had no gradient keep that zero gradient
+    afterwards (as upstream); gradients that existed are put back, and unlike upstream the parameters are
+    restored too, so that the materialising step never moves the model. Parameters with
+    ``requires_grad=False`` are left alone (no gradient, no state).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    inner = getattr(optimizer, "_horovod_inner_step", None)
     state_dict = optimizer.state_dict()
     if len(state_dict["state"]) == 0:
-        saved = []
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad and id(p) not in {id(q) for q, _ in saved}:
-                    saved.append((p, p.grad))
-                    p.grad = torch.zeros_like(p)
-        # A zero-gradient step materialises the state; parameters must not move, so save and restore them.
-        values = [p.detach().clone() for p, _ in saved]
-        if inner is not None:
-            inner()
-        else:
-            optimizer.step()
-        with torch.no_grad():
-            for (p, grad), value in zip(saved, values):
-                p.copy_(value)
-                p.grad = grad
+        _materialise_state(optimizer, _sparse_parameter_ids(model))
         state_dict = optimizer.state_dict()
 
     # Scalar options (lr, momentum, betas, ...) go as one object; tensors are broadcast in place.
@@ -93,6 +81,41 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         param = params.get(int(pid))
         if param is not None and param in optimizer.state:
             optimizer.state[param][key] = value
+
+
+def _sparse_parameter_ids(model: Optional[torch.nn.Module]) -> set:
+    """ids of the parameters of ``model``'s sparse embeddings (their gradients are sparse)."""
+    if model is None:
+        return set()
+    return {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) and m.sparse
+            for p in m.parameters()}
+
+
+def _materialise_state(optimizer: torch.optim.Optimizer, sparse_ids: set) -> None:
+    """Create an empty optimizer's state with one zero-gradient step of the underlying optimizer."""
+    sparse_optimizer = isinstance(optimizer, torch.optim.SparseAdam)
+    saved, seen = [], set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            saved.append((p, p.grad, p.detach().clone()))
+            zero = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            if sparse_optimizer or (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_ids):
+                zero = zero.to_sparse(1)
+            p.grad = zero
+    # A DistributedOptimizer's own step() would allreduce, which needs every rank: step the wrapped class.
+    inner = getattr(optimizer, "_horovod_inner_step", None)
+    if inner is not None:
+        inner()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, grad, value in saved:
+            p.copy_(value)
+            if grad is not None:
+                p.grad = grad
 
 
 def _params_by_state_id(optimizer: torch.optim.Optimizer) -> dict:

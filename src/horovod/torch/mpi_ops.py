@@ -38,7 +38,12 @@ from horovod.common.basics import (  # noqa: F401  (re-exported)
 )
 from horovod.common.exceptions import HorovodInternalError  # noqa: F401
 from horovod.common.handles import Handle
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.process_sets import (  # noqa: F401  (upstream's mpi_ops exposes all four)
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.torch.compression import Compression
@@ -330,22 +335,23 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
                            process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
     """Allreduce a sparse COO tensor as two allgathers (indices and values); returns a callable giving the result.
 
-    Average divides the values by the number of ranks. Duplicate indices are summed when the result is used.
+    The result holds every rank's entries (duplicate indices are summed when it is coalesced or used); Average
+    divides the values by the number of ranks. Only Sum and Average are defined for this scheme.
     """
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"sparse_allreduce_async supports op=Average and op=Sum, not "
+                                  f"op={op.name.capitalize()}; use sparse_as_dense=True for other reductions.")
     t = tensor.coalesce()
-    indices = t.indices().t().contiguous()
-    values = t.values().contiguous()
-    h_idx = allgather_async(indices, name=f"{name}.indices", process_set=process_set)
-    h_val = allgather_async(values, name=f"{name}.values", process_set=process_set)
+    h_idx = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    h_val = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
 
     def result() -> torch.Tensor:
-        all_idx = synchronize(h_idx)
-        all_val = synchronize(h_val)
+        values = synchronize(h_val)
+        indices = synchronize(h_idx)
         if op == Average:
-            all_val = all_val / process_set_size(process_set)
-        elif op != Sum:
-            raise NotImplementedError("sparse_allreduce_async supports op=Average and op=Sum.")
-        return torch.sparse_coo_tensor(all_idx.t(), all_val, size=t.size())
+            values = values / process_set_size(process_set)
+        return torch.sparse_coo_tensor(indices.t(), values, size=t.size(), check_invariants=False)
 
     return result
 
@@ -410,10 +416,29 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
                                                            process_set))
 
 
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """Differentiable grouped allgather: per tensor, allgather's rule (the gradient averaged, this rank's rows)."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average, process_set=ctx.process_set)
+        dims = synchronize(grouped_allgather_async([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
+                                                   process_set=ctx.process_set))
+        me = rank()
+        offsets = [int(d[:me].sum()) for d in dims]
+        return (None, None, *[r.narrow(0, offset, dim) for r, offset, dim in zip(reduced, offsets, ctx.dims)])
+
+
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    """Allgather each tensor of a list, as one unit."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Allgather each tensor of a list, as one unit; differentiable (each gradient as allgather's)."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ---------------------------------------------------------------------------------------------- broadcast
@@ -475,7 +500,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
 # ---------------------------------------------------------------------------------------------- alltoall
 def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> int:
-    """Start an alltoall; ``synchronize`` returns the output, or ``(output, received_splits)`` with splits."""
+    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``, with splits or without (upstream)."""
     _check(tensor, _MOVE_DTYPES, "alltoall")
     host = _host(tensor)
     split_list = None
@@ -487,10 +512,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
 
     def finish(result):
         _, received = result
-        out = _to_device(made[0], tensor)
-        if splits is None:
-            return out
-        return out, torch.from_numpy(np.asarray(received, np.int32))
+        return _to_device(made[0], tensor), torch.from_numpy(np.asarray(received, np.int32))
 
     return _handles.add(_Pending(handle, finish, (tensor, host, made)))
 
@@ -501,8 +523,7 @@ class HorovodAlltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        out, received = synchronize(alltoall_async(tensor, splits if splits is not None else _equal(tensor),
-                                                   name, process_set))
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
@@ -511,14 +532,6 @@ class HorovodAlltoall(torch.autograd.Function):
     def backward(ctx, grad_output, _grad_received):
         grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, process_set=ctx.process_set))
         return grad, None, None, None
-
-
-def _equal(tensor: torch.Tensor) -> List[int]:
-    n = size()
-    if tensor.shape[0] % n:
-        raise ValueError(f"alltoall without splits divides dim 0 ({tensor.shape[0]}) equally among {n} ranks, "
-                         "which is not possible; pass splits= explicitly.")
-    return [tensor.shape[0] // n] * n
 
 
 def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
@@ -532,11 +545,37 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------------------- reducescatter
+def _check_reducescatter_op(op: ReduceOp) -> ReduceOp:
+    """Sum or Average; anything else is upstream's RuntimeError ("Reducescatter currently only supports ...")."""
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise RuntimeError(f"reducescatter supports op=Sum and op=Average, not op={op.name.capitalize()}; "
+                           "use an allreduce for other reductions.")
+    return op
+
+
+def _reducescatter_grad_scale(op: ReduceOp, process_set: ProcessSet, prescale_factor: float,
+                              postscale_factor: float, grad: torch.Tensor) -> torch.Tensor:
+    """Upstream's scaling of a reducescatter's incoming gradient before it is allgathered.
+
+    Sum multiplies by the process set's size, then both ops by the prescale and the postscale factor (in this
+    order, as upstream does), which makes the result ``size`` times the gradient of the summed per-rank losses.
+    """
+    if op == Sum:
+        grad = grad * process_set_size(process_set)
+    if prescale_factor != 1.0:
+        grad = grad * prescale_factor
+    if postscale_factor != 1.0:
+        grad = grad * postscale_factor
+    return grad
+
+
 def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: ReduceOp = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter (Sum or Average); ranks < n % size get one extra row."""
-    _check(tensor, _REDUCE_DTYPES, "reducescatter")
+    _check(tensor, _REDUCE_DTYPES, "reducescatter")               # as upstream: the tensor first, then the op
+    op = _check_reducescatter_op(op)
     host = _host(tensor)
     made: List[torch.Tensor] = []
     handle = ops.reducescatter_async(_np(host), _name("reducescatter", name), op, prescale_factor, postscale_factor,
@@ -545,21 +584,20 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Re
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Differentiable reducescatter: the gradient is the allgather of the gradient, scaled like the forward."""
+    """Differentiable reducescatter with upstream's backward: the gradient scaled (see
+    ``_reducescatter_grad_scale``), then allgathered."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set = op, process_set
-        ctx.scale = prescale_factor * postscale_factor
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(allgather_async(grad_output.contiguous(), process_set=ctx.process_set))
-        scale = ctx.scale / (process_set_size(ctx.process_set) if ctx.op == Average else 1)
-        if scale != 1:
-            grad = grad * scale
-        return grad, None, None, None, None, None
+        grad = _reducescatter_grad_scale(ctx.op, ctx.process_set, ctx.prescale_factor, ctx.postscale_factor,
+                                         grad_output.contiguous())
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=Compression.none,
@@ -575,20 +613,39 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each tensor of a list, as one unit."""
-    return _grouped_allocating(tensors, _REDUCE_DTYPES, "grouped_reducescatter", lambda arrays, allocators:
-                               ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name), op,
-                                                               prescale_factor, postscale_factor, allocators,
-                                                               process_set))
+    def start(arrays, allocators):            # runs after the tensors are checked (upstream's order of errors)
+        checked = _check_reducescatter_op(op)
+        return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name), checked,
+                                               prescale_factor, postscale_factor, allocators, process_set)
+
+    return _grouped_allocating(tensors, _REDUCE_DTYPES, "grouped_reducescatter", start)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """Differentiable grouped reducescatter: per tensor, reducescatter's backward, as one grouped allgather."""
+
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.process_set = op, process_set
+        ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
+                                                             postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        scaled = [_reducescatter_grad_scale(ctx.op, ctx.process_set, ctx.prescale_factor, ctx.postscale_factor,
+                                            g.contiguous()) for g in grads]
+        return (None, None, None, None, None, *grouped_allgather(scaled, process_set=ctx.process_set))
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                           compression=Compression.none, op: ReduceOp = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    """Reducescatter each tensor of a list, as one unit."""
+    """Reducescatter each tensor of a list, as one unit; differentiable."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([c[0] for c in compressed], name, op, process_set,
-                                                   prescale_factor, postscale_factor))
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                             *[c[0] for c in compressed])
     return [compression.decompress(o, c[1]) for o, c in zip(outs, compressed)]
 
 

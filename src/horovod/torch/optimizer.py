@@ -21,7 +21,6 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
     Adasum,
     Average,
-    Sum,
     allreduce_async_,
     grouped_allreduce_async_,
     size,
@@ -47,10 +46,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if any(not isinstance(p, tuple) for p in named_parameters):
             raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
                              "by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        duplicates = sorted({k for k in names if names.count(k) > 1})
+        duplicates = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
         if duplicates:
-            raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: {duplicates}")
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                             + ", ".join(sorted(duplicates)))
         named_ids = {id(v) for _, v in named_parameters}
         unnamed = [p for p in all_params if id(p) not in named_ids]
         if unnamed:
@@ -76,6 +75,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._register_hooks()
 
     # ----------------------------------------------------------------- set-up
+    @staticmethod
+    def find_duplicates(lst) -> set:
+        """The elements of ``lst`` that occur more than once (upstream's helper)."""
+        seen, duplicates = set(), set()
+        for element in lst:
+            if element in seen:
+                duplicates.add(element)
+            seen.add(element)
+        return duplicates
+
     def _build_groups(self, groups, all_params) -> Optional[List[List[torch.Tensor]]]:
         if groups is None or groups == 0:
             return None
@@ -227,11 +236,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx, compressed, original) -> None:
         reduced = self._compression.decompress(output, ctx)
-        if p.grad is not original or reduced.data_ptr() != p.grad.data_ptr():
-            if p.grad.is_sparse:
-                p.grad = reduced
-            else:
-                p.grad.copy_(reduced.reshape(p.grad.shape))
+        if p.grad.is_sparse:
+            # sparse_as_dense: the allreduce ran on the dense form; the optimizer gets a sparse gradient back, as
+            # upstream does (SparseAdam accepts nothing else). Rows that are zero on every rank are left out.
+            p.grad = reduced.reshape(p.grad.shape).to_sparse(p.grad.sparse_dim())
+        elif p.grad is not original or reduced.data_ptr() != p.grad.data_ptr():
+            p.grad.copy_(reduced.reshape(p.grad.shape))
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -265,10 +275,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
-        result = super(self.__class__, self).load_state_dict(*args, **kwargs)
+        # As upstream: loading a state forgets outstanding allreduces and restarts the pass counters.
+        self._handles = {}
+        self._group_ready = {}
+        self._synchronized = False
+        self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        return result
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -280,17 +294,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
     Arguments follow upstream Horovod: ``named_parameters`` (usually ``model.named_parameters()``) names the
     allreduces; ``compression`` (``Compression.none``, ``.fp16``, ``.bf16``); ``backward_passes_per_step``
-    accumulates that many backward passes locally; ``op`` is Average or Sum; ``gradient_predivide_factor``
-    splits the averaging into a division before and after the sum; ``groups`` (an int, or lists of
-    parameters) allreduces parameters together; ``sparse_as_dense`` densifies sparse gradients.
+    accumulates that many backward passes locally; ``op`` is the reduction (Average by default);
+    ``gradient_predivide_factor`` splits the averaging into a division before and after the sum; ``groups``
+    (an int, or lists of parameters) allreduces parameters together. Sparse gradients (``nn.Embedding(...,
+    sparse=True)``) are allreduced as an allgather of their indices and values; ``sparse_as_dense=True``
+    allreduces their dense form instead, and either way the optimizer steps on a sparse gradient.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
         raise NotImplementedError("DistributedOptimizer with op=Adasum is not available in this release yet; "
                                   "use op=Average.")
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer supports op=Average and op=Sum.")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning, stacklevel=2)
