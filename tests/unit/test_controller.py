@@ -402,3 +402,44 @@ def test_a_full_bucket_goes_at_once():
     items = coord.take_ready()
     assert [len(item[1]) for item in items] == [2]          # one fused batch
     assert coord.emit_due(now, bucket_bytes=32, hold_s=10.0) is None
+
+
+# ------------------------------------------------------------------ who waits (for the deadlock detector)
+def test_waits_lists_the_ranks_blocked_on_each_pending_tensor():
+    coord = coordinator(3)
+    coord.add_request(0, make_request("barrier.noname", BAR, DataType.UINT8, []))
+    coord.add_request(1, allreduce("grad"))
+    coord.add_request(2, allreduce("grad"))
+    assert coord.waits() == []
+    coord.mark_waiting(0, ["barrier.noname"])
+    coord.mark_waiting(1, ["grad"])
+    coord.mark_waiting(2, ["grad"])
+    assert coord.waits() == [("barrier.noname", "BARRIER", [0], [0]), ("grad", "ALLREDUCE", [1, 2], [1, 2])]
+    coord.unmark_waiting(2, ["grad"])                 # its timed wait ran out
+    assert coord.waits()[1] == ("grad", "ALLREDUCE", [1, 2], [1])
+
+
+def test_a_wait_ends_with_its_tensor_and_never_carries_over_to_a_later_one_of_the_same_name():
+    coord = coordinator(2)
+    coord.add_request(0, allreduce("g"))
+    coord.mark_waiting(0, ["g"])
+    coord.add_request(1, allreduce("g"))
+    assert coord.take_ready()
+    assert coord.waits() == []
+    coord.add_request(1, allreduce("g"))              # the next step's "g", from rank 1 only so far
+    coord.mark_waiting(0, ["g"])                      # rank 0's late notice about the completed "g"
+    assert coord.waits() == []
+    coord.mark_waiting(1, ["g", "unknown"])
+    assert coord.waits() == [("g", "ALLREDUCE", [1], [1])]
+
+
+def test_progress_counts_requests_and_emissions():
+    coord = coordinator(2)
+    before = coord.progress
+    coord.add_request(0, allreduce("g"))
+    assert coord.progress == before + 1
+    coord.take_ready()                                # nothing ready: no emission
+    assert coord.progress == before + 1
+    coord.add_request(1, allreduce("g"))
+    coord.take_ready()
+    assert coord.progress == before + 3

@@ -1,4 +1,7 @@
-"""The engine of a one-rank job, driven directly: execution, failures inside the data plane, shutdown."""
+"""The engine of a one-rank job, driven directly: execution, failures inside the data plane, shutdown; and a
+worker rank's wait notices, against a fake coordinator on the other end of its control socket."""
+import select
+import socket
 import threading
 import time
 
@@ -6,10 +9,11 @@ import numpy as np
 import pytest
 
 from horovod.backends.local import LocalBackend
+from horovod.common import wire
 from horovod.common.engine import Engine, Entry
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.handles import Handle
-from horovod.common.messages import make_request
+from horovod.common.messages import BATCH, TensorResponse, make_request
 from horovod.common.types import DataType, ReduceOp, RequestType
 
 
@@ -99,3 +103,90 @@ def test_shutdown_fails_what_is_still_in_flight():
         queued.wait(timeout=10)
     with pytest.raises(HorovodInternalError, match="shut down"):
         submit(engine, "late", np.ones(3, np.float32)).wait(timeout=10)
+
+
+# ------------------------------------------------------------------ wait notices of a worker rank
+@pytest.fixture
+def worker(monkeypatch):
+    """Rank 1 of 2, its control socket's other end playing the coordinator; the wait lapse is 0.1 s."""
+    monkeypatch.setenv("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS", "0.4")
+    ours, coordinator_end = socket.socketpair()
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, cache_capacity=16, fusion_threshold=1 << 20,
+                    cycle_time_ms=1.0).start()
+    assert engine._lapse_s == pytest.approx(0.1)
+    yield engine, coordinator_end
+    coordinator_end.close()                            # the worker sees its coordinator go and stops
+    engine.shutdown()
+
+
+def received(sock, within):
+    """The messages that arrive on ``sock`` within ``within`` seconds."""
+    out, deadline = [], time.monotonic() + within
+    while True:
+        if not select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return out
+        out.append(wire.recv_msg(sock))
+
+
+def respond(sock, name, shape=(3,)):
+    """What the coordinator sends when ``name`` (a float32 allreduce) is to run."""
+    response = TensorResponse(name, int(RequestType.ALLREDUCE), int(DataType.FLOAT32), list(shape),
+                              int(ReduceOp.SUM), 1.0, 1.0, -1, None)
+    wire.send_msg(sock, ["L", [[BATCH, [response.to_wire()]]]])
+
+
+def test_a_blocking_wait_is_told_once_after_the_request_and_its_completion_needs_no_message(worker):
+    engine, coord = worker
+    handle = submit(engine, "x", np.ones(3, np.float32))
+    waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10})
+    waiter.start()
+    messages = received(coord, 0.3)
+    assert [m[0] for m in messages] == ["R", "W"], messages          # on one channel: the wait after the request
+    assert messages[1][1] == ["x"]
+    respond(coord, "x")
+    waiter.join(10)
+    assert handle.poll() and not waiter.is_alive()
+    assert received(coord, 0.3) == []                                 # completion: nothing to take back
+
+
+def test_timed_waits_that_keep_polling_send_one_notice_and_a_stop_is_taken_back_after_the_lapse(worker):
+    engine, coord = worker
+    handle = submit(engine, "p", np.ones(3, np.float32))
+    assert [m[0] for m in received(coord, 0.2)] == ["R"]              # submitted, nobody waits yet
+    start = time.monotonic()
+    while time.monotonic() - start < 0.5:                            # 50 timed waits of 10 ms each
+        with pytest.raises(TimeoutError):
+            handle.wait(timeout=0.01)
+    assert received(coord, 0.0) == [["W", ["p"]]]                     # the churn was absorbed
+    stopped = time.monotonic()
+    assert select.select([coord], [], [], 2.0)[0]
+    assert wire.recv_msg(coord) == ["U", ["p"]]                       # nobody waits again: taken back ...
+    assert 0.05 <= time.monotonic() - stopped < 1.0                   # ... after the lapse (0.1 s)
+    assert received(coord, 0.2) == []
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=0.01)                                     # waiting again is told again
+    assert received(coord, 0.3)[:1] == [["W", ["p"]]]
+
+
+def test_a_wait_on_a_tensor_already_running_sends_nothing(worker):
+    engine, coord = worker
+    backend = BlockingBackend()
+    engine.backend = backend
+    handle = submit(engine, "r", np.ones(3, np.float32))
+    assert [m[0] for m in received(coord, 0.2)] == ["R"]
+    respond(coord, "r")
+    assert backend.entered.wait(10)                                   # emitted and on the data plane
+    waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10})
+    waiter.start()
+    assert received(coord, 0.3) == []
+    backend.release.set()
+    waiter.join(10)
+    assert handle.poll()
+
+
+def test_a_zero_timeout_only_polls(worker):
+    engine, coord = worker
+    handle = submit(engine, "z", np.ones(3, np.float32))
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=0)
+    assert [m[0] for m in received(coord, 0.3)] == ["R"]

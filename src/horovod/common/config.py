@@ -106,6 +106,17 @@ _KNOBS = [
     Knob("HOROVOD_MPI_MOVE_MAX_BYTES", int, -1,
          "Under MPI on one host, allgather, broadcast and alltoall up to this size use MPI, larger ones the "
          "built-in shm plane; -1 = any size (the measured best), 0 = always shm.", ours=True),
+    Knob("HOROVOD_DEADLOCK_CHECK_DISABLE", _bool, False,
+         "Turn off deadlock detection (the stall inspector's warnings stay; HOROVOD_STALL_CHECK_DISABLE turns "
+         "off both).", ours=True),
+    Knob("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS", float, 5.0,
+         "A deadlock (every rank blocked on a collective the others never submit) is reported once it has held "
+         "this long with no new submission; at most HOROVOD_STALL_CHECK_TIME_SECONDS.", ours=True),
+    Knob("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS", float, 5.0,
+         "Seconds after a deadlock report until every pending collective fails and the job ends.", ours=True),
+    Knob("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE", _bool, False,
+         "Only report deadlocks, never end the job (for programs that submit collectives from several threads).",
+         ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),

@@ -74,11 +74,12 @@ def _disagreement(requests: Dict[int, list], key) -> Optional[str]:
 
 
 class _Pending:
-    __slots__ = ("requests", "first_seen")
+    __slots__ = ("requests", "first_seen", "waiting")
 
     def __init__(self) -> None:
         self.requests: Dict[int, list] = {}
         self.first_seen = time.monotonic()
+        self.waiting: Optional[Set[int]] = None      # ranks blocked in a wait on this tensor (made on demand)
 
 
 class Coordinator:
@@ -99,10 +100,12 @@ class Coordinator:
         self._last_joined = -1
         self._join_done = False
         self.timeline: Optional[Timeline] = None      # set on the coordinator while a timeline records
+        self.progress = 0       # grows with every request taken and every response list emitted
 
     # ----------------------------------------------------------------- intake
     def add_request(self, rank: int, request: list) -> None:
         """Record ``rank``'s request; JOIN marks the rank joined."""
+        self.progress += 1
         if request[R_TYPE] == RequestType.JOIN:
             self._joined.add(rank)
             self._last_joined = rank
@@ -142,6 +145,36 @@ class Coordinator:
         for name in names:
             if name in self._pending:
                 self._urgent.add(name)
+
+    def mark_waiting(self, rank: int, names) -> None:
+        """``rank`` blocks in a wait on these tensors: emit them at once, and remember who waits (for the
+        deadlock detector). A notice for a tensor that ``rank`` has not submitted (a late notice about an
+        instance that already completed) records nothing."""
+        pending = self._pending
+        for name in names:
+            entry = pending.get(name)
+            if entry is None:
+                continue
+            self._urgent.add(name)
+            if rank in entry.requests:
+                if entry.waiting is None:
+                    entry.waiting = {rank}
+                else:
+                    entry.waiting.add(rank)
+
+    def unmark_waiting(self, rank: int, names) -> None:
+        """``rank`` no longer blocks on these tensors (its timed wait ran out and was not resumed)."""
+        pending = self._pending
+        for name in names:
+            entry = pending.get(name)
+            if entry is not None and entry.waiting:
+                entry.waiting.discard(rank)
+
+    def waits(self) -> List[Tuple[str, str, List[int], List[int]]]:
+        """(name, op type, ranks that submitted, ranks waiting on it) for every pending tensor some rank waits
+        on, in submission order."""
+        return [(name, _OP_NAMES[next(iter(e.requests.values()))[R_TYPE]], sorted(e.requests), sorted(e.waiting))
+                for name, e in self._pending.items() if e.waiting]
 
     def emit_due(self, now: float, bucket_bytes: int, hold_s: float) -> Optional[float]:
         """0 when ready work should be emitted now, else seconds until it will be (None: nothing ready).
@@ -232,6 +265,8 @@ class Coordinator:
             out.append([JOIN, self._last_joined])
             self._join_done = False
             self._joined.clear()
+        if out:
+            self.progress += 1
         return out
 
     def _plan(self, singles: List[TensorResponse],

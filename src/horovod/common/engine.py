@@ -10,17 +10,26 @@ lists in the same order, which is what makes the data plane's collectives line u
 Failure handling: a peer whose socket closes, or any error inside a collective, aborts the engine. Every
 pending and future handle then fails with :class:`HorovodInternalError`, and this process's sockets close, so
 that every other rank notices within milliseconds instead of hanging.
+
+Waits: when a user thread blocks on a handle whose tensors this rank has not yet been told to run, the rank tells
+the coordinator (``W``, on the control channel, so after the requests it sent). The coordinator then emits those
+tensors at once, and knows that the rank waits. A wait that ends because the handle completed needs no message;
+a timed wait that runs out is taken back (``U``) only when the handle is not waited on again within a short lapse
+(:func:`stall_inspector.lapse_seconds`), so polling with short timed waits sends nothing per poll. From these
+notices the coordinator's deadlock detector sees when every rank is blocked on a tensor the others never submit;
+it reports that on every rank (``D``) and later ends the job like the stall inspector's shutdown.
 """
 from __future__ import annotations
 
 import collections
 import logging
 import os
+import select
 import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -46,6 +55,7 @@ DUPLICATE_NAME_MESSAGE = (
 )
 IDLE_WAKE_SECONDS = 1.0
 ABORT_REASON_WAIT_SECONDS = 0.5
+LAPSE_RETRY_SECONDS = 0.01
 SHUTDOWN_WAIT_SECONDS = 5.0
 
 
@@ -101,7 +111,10 @@ class Engine:
         self._spin_s = max(0.0, spin_us) / 1e6
         self._last_activity = 0.0
         self._send_lock = threading.Lock()
-        self._urgent: List[str] = []
+        self._notes: List[Tuple[bool, List[str]]] = []     # rank 0's wait notices, for its engine thread
+        self._note_lock = self._lock if rank == 0 else self._send_lock     # guards the handles' wait fields
+        self._lapsed: Dict[Handle, float] = {}     # handle -> when its last timed wait ran out
+        self._lapse_s = stall_inspector.lapse_seconds()
         self.bucket_bytes = bucket_bytes
         self.bucket_ms = bucket_ms
         self.hold_s = self._hold_seconds()
@@ -116,6 +129,7 @@ class Engine:
         self._dead: Optional[HorovodInternalError] = None
         self.timeline: Optional[Timeline] = None    # rank 0 only, while recording
         self.stall = stall_inspector.from_config(size) if rank == 0 and size > 1 else None
+        self.deadlock = stall_inspector.deadlock_from_config(size) if rank == 0 else None
         self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
 
     # ------------------------------------------------------------------ user side
@@ -144,7 +158,7 @@ class Engine:
             for entry in entries:
                 self._table[entry.name] = entry
                 entry.handle.names.append(entry.name)
-                entry.handle.on_wait = self._waiting
+                entry.handle.on_wait = self._wait_notice
             if self.coordinator is not None:
                 self._queue.extend(entries)
                 if self._sleeping:
@@ -160,20 +174,89 @@ class Engine:
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
 
-    def _waiting(self, handle: Handle) -> None:
-        """A thread waits on ``handle``: its tensors should not be held back to fill a fusion bucket."""
-        handle.on_wait = None                   # one notice per handle is enough
-        if self.coordinator is None:
-            try:
-                self._send_control(self.control[0], ["W", list(handle.names)])
-            except PeerLostError:
-                pass                            # the engine thread reports the lost coordinator
-            return
-        with self._lock:
-            self._urgent.extend(handle.names)
+    def _wait_notice(self, handle: Handle, begins: bool) -> None:
+        """A user thread starts (``begins``) or stops blocking on ``handle`` without it having completed.
+
+        The first wait on a handle whose tensors are still in this rank's table tells the coordinator (its
+        tensors are then not held back to fill a fusion bucket, and the deadlock detector knows this rank waits).
+        A wait that stops is taken back only if nobody waits again within the lapse (see ``_expire_lapses``).
+        """
+        with self._note_lock:
+            if not begins:
+                handle.waiters -= 1
+                if handle.waiters > 0 or not handle.noticed:
+                    return
+                first = not self._lapsed
+                self._lapsed[handle] = time.monotonic()
+                if first:
+                    self._wake()                # the engine thread times the lapse
+                return
+            handle.waiters += 1
+            if self._lapsed:
+                self._lapsed.pop(handle, None)
+            if handle.noticed or not self._queued(handle):
+                return
+            handle.noticed = True
+            if self.coordinator is None:
+                # Under the send lock: the notice follows this rank's requests, and no request for a later
+                # tensor of the same name can be sent between the table check and the notice.
+                try:
+                    wire.send_msg(self.control[0], ["W", list(handle.names)])
+                except OSError:
+                    pass                        # the engine thread reports the lost coordinator
+                return
+            self._notes.append((True, list(handle.names)))
             if self._sleeping:
                 self._sleeping = False
                 self._wake()
+
+    def _queued(self, handle: Handle) -> bool:
+        """True while ``handle``'s tensors wait in this rank's table (not yet emitted by the coordinator)."""
+        names = handle.names
+        entry = self._table.get(names[0]) if names else None
+        return entry is not None and entry.handle is handle
+
+    def _expire_lapses(self) -> Optional[float]:
+        """Take back the wait notices of handles whose timed wait ran out a lapse ago and that nobody waits on
+        again; returns the seconds until the next lapse is due (None: none left). Engine thread.
+
+        A worker's engine thread must never block on the control socket (the coordinator may be waiting for it
+        in a collective while a flood of requests fills the socket): when a user thread holds the send lock, or
+        the socket cannot take a message now, it tries again shortly.
+        """
+        worker = self.coordinator is None
+        if not self._note_lock.acquire(blocking=not worker):
+            return LAPSE_RETRY_SECONDS
+        now = time.monotonic()
+        due = None
+        expired = []
+        try:
+            if worker and not select.select([], [self.control[0]], [], 0)[1]:
+                return LAPSE_RETRY_SECONDS
+            for handle, since in list(self._lapsed.items()):
+                if handle.waiters > 0 or not handle.noticed:
+                    del self._lapsed[handle]
+                    continue
+                left = since + self._lapse_s - now
+                if left > 0:
+                    due = left if due is None else min(due, left)
+                    continue
+                del self._lapsed[handle]
+                handle.noticed = False
+                if self._queued(handle):
+                    expired.append(list(handle.names))
+            if expired and worker:
+                for names in expired:
+                    try:
+                        wire.send_msg(self.control[0], ["U", names])
+                    except OSError as exc:
+                        raise PeerLostError(0, self._host_of(0), str(exc)) from None
+        finally:
+            self._note_lock.release()
+        if expired and not worker:
+            for names in expired:
+                self.coordinator.unmark_waiting(0, names)
+        return due
 
     def _wake(self) -> None:
         try:
@@ -245,7 +328,7 @@ class Engine:
         now = time.perf_counter()
         spin_until = self._last_activity + self._spin_s
         while now < spin_until:
-            if self._queue or self._stop or self._urgent:
+            if self._queue or self._stop or self._notes:
                 return []
             events = selector.select(0)
             if events:
@@ -254,7 +337,7 @@ class Engine:
                 return []
             now = time.perf_counter()
         with self._lock:
-            if self._queue or self._stop or self._urgent:
+            if self._queue or self._stop or self._notes:
                 return []
             self._sleeping = True
         events = selector.select(timeout)
@@ -285,16 +368,23 @@ class Engine:
             selector.register(sock, selectors.EVENT_READ, peer)
         shutdown_reason = None
         while True:
-            # Take new requests and wait notices in one grab: a thread marks a tensor urgent only after it
-            # enqueued it, so the request is always taken together with (or before) its urgency.
+            # Take new requests and wait notices in one grab: a thread notices a wait only after it enqueued the
+            # tensors, so the request is always taken together with (or before) its notice.
             with self._lock:
                 entries = self._drain()
-                urgent, self._urgent = self._urgent, []
+                notes = self._notes
+                if notes:
+                    self._notes = []
             for entry in entries:
                 coord.add_request(0, entry.request)
-            if urgent:
-                coord.mark_urgent(urgent)
+            if notes:
+                for begins, names in notes:
+                    if begins:
+                        coord.mark_waiting(0, names)
+                    else:
+                        coord.unmark_waiting(0, names)
                 self._active()
+            lapse_due = self._expire_lapses() if self._lapsed else None
             if self._stop and shutdown_reason is None:
                 shutdown_reason = "rank 0 called hvd.shutdown()"
             if shutdown_reason is not None:
@@ -302,9 +392,9 @@ class Engine:
                 self._fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
                 return
             due = coord.emit_due(time.monotonic(), self.bucket_bytes, self.hold_s)
-            stall_due = self._inspect_stalls(coord)
-            if stall_due is not None:
-                due = stall_due if due is None else min(due, stall_due)
+            for other in (self._inspect_stalls(coord), lapse_due):
+                if other is not None:
+                    due = other if due is None else min(due, other)
             if due == 0.0:
                 timeline = self.timeline
                 if timeline is not None:
@@ -329,8 +419,10 @@ class Engine:
                     for request in msg[1]:
                         coord.add_request(peer, request)
                 elif kind == "W":
-                    coord.mark_urgent(msg[1])
+                    coord.mark_waiting(peer, msg[1])
                     self._active()
+                elif kind == "U":
+                    coord.unmark_waiting(peer, msg[1])
                 elif kind == "X":
                     shutdown_reason = f"rank {peer} called hvd.shutdown()"
                     selector.unregister(key.fileobj)
@@ -367,16 +459,29 @@ class Engine:
                 self.cache.set_capacity(wanted)
 
     def _inspect_stalls(self, coord: Coordinator) -> Optional[float]:
-        """Run the stall inspector when due; seconds until it is due again (None: nothing is partial)."""
-        inspector = self.stall
-        if inspector is None or not coord.has_partial():
+        """Run the stall inspector and the deadlock detector when due; seconds until one is due again (None:
+        nothing is partial). A shutdown by either raises, which ends the job on every rank."""
+        inspector, detector = self.stall, self.deadlock
+        if (inspector is None and detector is None) or not coord.has_partial():
             return None
         now = time.monotonic()
-        if now >= inspector.next_check:
-            message = inspector.check(coord.pending_names(), coord.joined, now)
-            if message is not None:
-                raise HorovodInternalError(message)
-        return max(inspector.due_in(now), 1e-3)
+        due = IDLE_WAKE_SECONDS
+        if inspector is not None:
+            if now >= inspector.next_check:
+                message = inspector.check(coord.pending_names(), coord.joined, now)
+                if message is not None:
+                    raise HorovodInternalError(message)
+            due = min(due, inspector.due_in(now))
+        if detector is not None:
+            if now >= detector.next_check:
+                verdict = detector.check(coord.waits(), coord.joined, coord.has_ready(), coord.progress, now)
+                if verdict is not None:
+                    kind, message = verdict
+                    if kind == stall_inspector.SHUTDOWN:
+                        raise HorovodInternalError(message)
+                    self._broadcast(["D", message], best_effort=True)     # every rank logs the report
+            due = min(due, detector.due_in(now))
+        return max(due, 1e-3)
 
     def _broadcast(self, msg: list, best_effort: bool = False) -> None:
         """Send ``msg`` to every worker; with ``best_effort`` (shutdown, abort) skip peers that are gone."""
@@ -416,6 +521,10 @@ class Engine:
                     return
                 stop_sent_at = time.monotonic()
             timeout = IDLE_WAKE_SECONDS
+            if self._lapsed:
+                lapse_due = self._expire_lapses()
+                if lapse_due is not None:
+                    timeout = min(timeout, lapse_due)
             if stop_sent_at is not None:
                 timeout = SHUTDOWN_WAIT_SECONDS - (time.monotonic() - stop_sent_at)
                 if timeout <= 0:
@@ -441,6 +550,8 @@ class Engine:
                     return
                 elif kind == "A":
                     raise HorovodInternalError(msg[1])
+                elif kind == "D":
+                    stall_inspector.log.error("%s", msg[1])
 
     def _send_control(self, sock: socket.socket, msg: list) -> None:
         try:

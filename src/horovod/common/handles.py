@@ -3,6 +3,11 @@
 A handle is a lock that starts acquired; the engine releases it when every part of the operation finished.
 Waiting therefore blocks in the kernel with the GIL released, and a completion costs one lock release (about
 half the cost of a ``threading.Event``).
+
+A wait that has to block tells the engine through ``on_wait(handle, True)``, and ``on_wait(handle, False)`` when
+it stops blocking without the handle having completed (a timed wait that ran out, or an interrupt). A completed
+handle needs no notice: the coordinator knows when it emitted the handle's tensors. The engine uses the notices
+to emit the tensors at once, and to recognize a deadlock (every rank blocked on a tensor the others never send).
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from horovod.common.exceptions import HorovodInternalError
 class Handle:
     """Completion of one collective (or of a group of them: ``parts`` > 1)."""
 
-    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish", "names", "on_wait")
+    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish", "names", "on_wait", "waiters",
+                 "noticed")
 
     def __init__(self, name: str, parts: int = 1, finish: Optional[Callable[[List[Any]], Any]] = None) -> None:
         self.name = name
@@ -26,7 +32,11 @@ class Handle:
         self._error: Optional[BaseException] = None
         self._finish = finish
         self.names: List[str] = []        # the tensor names this handle completes (set by the engine)
-        self.on_wait: Optional[Callable[[Handle], None]] = None   # tells the engine someone waits
+        self.on_wait: Optional[Callable[[Handle, bool], None]] = None   # tells the engine a wait starts/stops
+        # Kept by the engine, under its lock: threads blocked in wait(), and whether the coordinator was told
+        # that this rank waits on the handle.
+        self.waiters = 0
+        self.noticed = False
 
     def set_result(self, index: int, value: Any) -> None:
         """Called by the engine thread when part ``index`` finished."""
@@ -51,11 +61,20 @@ class Handle:
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         """Block until done; return the result, or raise the operation's error."""
-        if self.on_wait is not None and self._lock.locked():
-            self.on_wait(self)
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise TimeoutError(f"operation {self.name!r} did not finish within {timeout}s")
-        self._lock.release()
+        lock = self._lock
+        if not lock.acquire(False):
+            notice = self.on_wait if timeout is None or timeout > 0 else None    # a zero timeout only polls
+            if notice is not None:
+                notice(self, True)
+            done = False
+            try:
+                done = lock.acquire(timeout=-1 if timeout is None else timeout)
+            finally:
+                if not done and notice is not None:
+                    notice(self, False)
+            if not done:
+                raise TimeoutError(f"operation {self.name!r} did not finish within {timeout}s")
+        lock.release()
         if self._error is not None:
             error = self._error
             if isinstance(error, HorovodInternalError):

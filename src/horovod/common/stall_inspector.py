@@ -6,11 +6,18 @@ the coordinator logs a warning naming the tensors, the ranks that have not submi
 others have waited; it repeats while the stall lasts. With ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` set, a stall
 that long shuts the job down with an error stating the same facts, on every rank. Every pending tensor takes
 part, including those the response cache knows (the cache only shortens the coordinator's answer).
+
+The :class:`DeadlockDetector` (ours) recognizes the stall that can never resolve: every rank that has not joined
+is blocked in a wait on a handle, and no pending tensor can become ready (none has been submitted by every rank,
+and nothing is being emitted). For a program that submits collectives from one thread that is a certain deadlock,
+so once the condition has held for ``HOROVOD_DEADLOCK_CHECK_TIME_SECONDS`` with no new submission, it is reported
+on every rank, naming what each rank waits on, and ``HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS`` later the job ends:
+every pending handle fails with the report. The engine tells the coordinator which ranks wait (see engine.py).
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from horovod.common import config
 
@@ -21,6 +28,13 @@ HEADLINE = ("One or more tensors were submitted to be reduced, gathered or broad
             "ranks are trying to submit different tensors or that only subset of ranks is submitting tensors, "
             "which will cause deadlock.")
 MAX_NAMES_PER_RANK = 5
+DEADLOCK_HEADLINE = ("Deadlock: every rank is blocked waiting for a collective that can never complete. No tensor "
+                     "that a rank waits on has been submitted by every rank, and no rank submitted anything for "
+                     "{seconds:.1f} s.")
+DEADLOCK_ADVICE = ("The ranks took different code paths: one skipped a collective, called collectives in another "
+                   "order, or failed between two of them (for example an assertion or exception on one rank only). "
+                   "Make every rank submit the same collectives in the same order.")
+REPORT, SHUTDOWN = "report", "shutdown"
 
 
 class StallInspector:
@@ -84,6 +98,107 @@ class StallInspector:
                          f"{self.shutdown_s:g} s. Make every rank submit the same tensors (same names, same "
                          "order of collectives), or raise the limit.")
         return "\n".join(lines)
+
+
+class DeadlockDetector:
+    """Decides, from who waits on which pending tensor, when a deadlock is certain, and when to end the job.
+
+    :meth:`check` is called periodically by the coordinator while some tensor is pending. The condition must hold
+    at every check for ``confirm_s`` while ``progress`` (the coordinator's count of requests taken and responses
+    emitted) stays the same: a program that submits from several threads may pass through the same state briefly.
+    """
+
+    def __init__(self, size: int, confirm_s: float, shutdown_s: float, shutdown: bool = True) -> None:
+        self.size = size
+        self.confirm_s = max(0.0, confirm_s)
+        self.shutdown_s = max(0.0, shutdown_s)
+        self.shutdown = shutdown
+        self.interval = max(0.05, min(0.5, self.confirm_s / 4))
+        self.next_check = 0.0
+        self._progress = -1
+        self._since: Optional[float] = None         # the condition has held since, with no progress
+        self._reported_at: Optional[float] = None
+        self._report = ""
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the next check."""
+        return max(0.0, self.next_check - now)
+
+    def check(self, waits: Sequence[Tuple[str, str, List[int], List[int]]], joined: Iterable[int], ready: bool,
+              progress: int, now: float) -> Optional[Tuple[str, str]]:
+        """(REPORT or SHUTDOWN, message) when the deadlock is to be reported or the job ended, else None.
+
+        ``waits`` holds (name, op type, ranks that submitted, ranks blocked waiting on it) for pending tensors;
+        ``ready`` says whether some tensor is ready to be emitted.
+        """
+        self.next_check = now + self.interval
+        needed = set(range(self.size)).difference(joined)
+        blocked = not ready and bool(needed) and needed <= {r for w in waits for r in w[3]}
+        if not blocked or progress != self._progress or self._since is None:
+            self._progress = progress
+            if self._reported_at is not None:
+                log.warning("The deadlock reported before has resolved: the ranks made progress again.")
+            self._since = now if blocked else None
+            self._reported_at = None
+            return None
+        if self._reported_at is None:
+            if now - self._since < self.confirm_s:
+                return None
+            self._reported_at = now
+            self._report = self._describe(waits, needed, now - self._since)
+            if self.shutdown:
+                tail = (f"The job ends in {self.shutdown_s:g} s (HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS) unless "
+                        "the ranks make progress. A program that submits collectives from several threads can set "
+                        "HOROVOD_DEADLOCK_SHUTDOWN_DISABLE=1 to only report.")
+            else:
+                tail = "HOROVOD_DEADLOCK_SHUTDOWN_DISABLE is set: the job is not ended and stays blocked."
+            message = f"{self._report}\n{tail}"
+            log.error("%s", message)
+            return REPORT, message
+        if self.shutdown and now - self._reported_at >= self.shutdown_s:
+            self._reported_at = float("inf")        # once
+            message = (f"{self._report}\nEnded the job: the deadlock lasted HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS="
+                       f"{self.shutdown_s:g} s past its report, so every pending collective fails.")
+            return SHUTDOWN, message            # the engine's abort logs it on every rank
+        return None
+
+    def _describe(self, waits: Sequence[Tuple[str, str, List[int], List[int]]], needed: Set[int],
+                  held: float) -> str:
+        lines = [DEADLOCK_HEADLINE.format(seconds=held)]
+        for rank in sorted(needed):
+            mine = [w for w in waits if rank in w[3]]
+            shown = []
+            for name, op, submitted, _ in mine[:MAX_NAMES_PER_RANK]:
+                missing = sorted(needed.difference(submitted))
+                if missing:
+                    label = "rank" if len(missing) == 1 else "ranks"
+                    shown.append(f"{name} ({op}; not submitted by {label} {', '.join(map(str, missing))})")
+                else:
+                    shown.append(f"{name} ({op}; submitted by every rank, held for the rest of its group)")
+            more = f" and {len(mine) - MAX_NAMES_PER_RANK} more" if len(mine) > MAX_NAMES_PER_RANK else ""
+            lines.append(f"Rank {rank} waits on {', '.join(shown)}{more}.")
+        lines.append(DEADLOCK_ADVICE)
+        return "\n".join(lines)
+
+
+def lapse_seconds() -> float:
+    """How long a rank whose timed wait ran out still counts as waiting (absorbs polling with short timed waits);
+    kept well inside the deadlock detector's confirmation window."""
+    return max(0.01, min(0.5, _confirm_seconds() / 4))
+
+
+def _confirm_seconds() -> float:
+    return max(0.0, min(config.get("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS"),
+                        config.get("HOROVOD_STALL_CHECK_TIME_SECONDS")))
+
+
+def deadlock_from_config(size: int) -> Optional[DeadlockDetector]:
+    """The deadlock detector for the coordinator, or None when it is off (HOROVOD_STALL_CHECK_DISABLE or
+    HOROVOD_DEADLOCK_CHECK_DISABLE, or a one-rank job)."""
+    if size < 2 or config.get("HOROVOD_STALL_CHECK_DISABLE") or config.get("HOROVOD_DEADLOCK_CHECK_DISABLE"):
+        return None
+    return DeadlockDetector(size, _confirm_seconds(), config.get("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS"),
+                            shutdown=not config.get("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE"))
 
 
 def from_config(size: int) -> Optional[StallInspector]:
