@@ -2,7 +2,34 @@
 import json
 import time
 
+import numpy as np
+
+from horovod.backends.local import LocalBackend
 from horovod.common import timeline as tl
+from horovod.common.engine import Engine, Entry
+from horovod.common.handles import Handle
+from horovod.common.messages import make_request
+from horovod.common.types import DataType, ReduceOp, RequestType
+
+PROMPT_SECONDS = 0.1
+
+
+def completed_ops(path, name):
+    """How many of ``name``'s ops the file shows as finished (their closing event carries dtype and shape)."""
+    events = read(path)
+    pids = [e["pid"] for e in events if e.get("name") == "process_name" and e["args"]["name"] == name]
+    return sum(1 for e in events if pids and e["pid"] == pids[0] and e["ph"] == "E" and "dtype" in e.get("args", {}))
+
+
+def seconds_until(predicate, limit):
+    """Poll ``predicate`` until it holds; the seconds that took, or None if it did not within ``limit``."""
+    start = time.perf_counter()
+    while True:
+        if predicate():
+            return time.perf_counter() - start
+        if time.perf_counter() - start > limit:
+            return None
+        time.sleep(0.002)
 
 
 def read(path):
@@ -66,3 +93,37 @@ def test_creates_the_directory(tmp_path):
     path = tmp_path / "deep" / "dir" / "t.json"
     tl.Timeline(str(path)).close()
     assert read(path)
+
+
+def test_a_finished_op_is_in_the_file_within_a_tenth_of_a_second_of_its_handle_completing(tmp_path):
+    path = tmp_path / "prompt.json"
+    engine = Engine(0, 1, LocalBackend(), {}, cache_capacity=16, fusion_threshold=1 << 20, cycle_time_ms=1.0).start()
+    try:
+        engine.start_timeline(str(path))
+        x = np.ones(4, np.float32)
+        for i in range(6):
+            time.sleep(0.03 * i)           # lone ops, at different phases of the writer's periodic flush
+            handle = Handle("op")
+            engine.enqueue([Entry(make_request("op", RequestType.ALLREDUCE, DataType.FLOAT32, x.shape,
+                                               ReduceOp.SUM), x, np.empty_like(x), handle)])
+            handle.wait(timeout=10)
+            took = seconds_until(lambda n=i + 1: completed_ops(path, "op") == n, limit=1.0)
+            assert took is not None and took <= PROMPT_SECONDS, f"op {i} reached the file after {took} s"
+    finally:
+        engine.stop_timeline()
+        engine.shutdown()
+
+
+def test_flush_soon_writes_what_is_recorded_without_waiting_for_the_periodic_flush(tmp_path):
+    path = tmp_path / "soon.json"
+    t = tl.Timeline(str(path))
+    try:
+        for i in range(4):
+            time.sleep(0.05)
+            t.negotiate_start(f"t{i}", "ALLREDUCE")
+            t.end_op(f"t{i}", "float32", (1,))
+            t.flush_soon()
+            took = seconds_until(lambda n=i + 1: sum(1 for e in read(path) if e["ph"] == "E") == n, limit=1.0)
+            assert took is not None and took <= PROMPT_SECONDS, took
+    finally:
+        t.close()

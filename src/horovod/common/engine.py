@@ -590,6 +590,8 @@ class Engine:
                     entry = self._pop(name)
                     if entry is not None:
                         entry.handle.set_error(HorovodInternalError(payload[2]))
+                if timeline is not None:
+                    timeline.flush_soon()
             elif kind == PARAMS:
                 self._set_params(payload[1])
             elif kind == JOIN:
@@ -634,6 +636,7 @@ class Engine:
             now = time.perf_counter_ns()
             for response in batch:
                 timeline.end_op(response.name, numpy_dtype(response.dtype).name, response.shape, now)
+            timeline.flush_soon()               # a finished op shows up in the file at once
 
     def _run_batch(self, batch: List[TensorResponse], entries: List[Optional[Entry]]) -> None:
         first = batch[0]

@@ -6,9 +6,13 @@ that rank's request reaches the coordinator), then the op itself with nested act
 coordinator holds the ready tensor back to fuse it, the copies into and out of the fusion buffer, and the data
 plane's own op (``SHM_ALLREDUCE``, ``MPI_BCAST``...).
 
-Recording costs the engine thread one tuple append per event; a writer thread formats and writes them. After
-every batch the file ends with ``]``, written in the same ``write`` as the events, so the file is valid JSON at
-every moment and can be read (``python -m horovod.timeline summary``) while the job runs.
+Recording costs the engine thread one tuple append per event; a writer thread formats and writes them. When an
+op completes, the engine wakes the writer (:meth:`Timeline.flush_soon`), so the op is in the file within a few
+milliseconds; ops that complete while the writer writes, or within ``_GATHER_SECONDS`` after, go into its next
+write together, which bounds the number of writes in a tight loop of ops. Events of ops still running are
+written at least every ``_FLUSH_SECONDS``. After every batch the file ends with ``]``, written in the same
+``write`` as the events, so the file is valid JSON at every moment and can be read
+(``python -m horovod.timeline summary``) while the job runs.
 
 Data planes mark their activities with :func:`activity`, which is a no-op unless this process is recording.
 """
@@ -26,7 +30,8 @@ log = logging.getLogger("horovod.timeline")
 
 # Event kinds in the queue (the writer turns them into JSON).
 _NEGOTIATE_START, _RANK_READY, _END, _BEGIN, _END_ARGS, _CYCLE = range(6)
-_FLUSH_SECONDS = 0.2
+_FLUSH_SECONDS = 0.2         # the longest an event waits to be written
+_GATHER_SECONDS = 0.01       # after a write, the writer lets what completes meanwhile gather for this long
 
 
 class _NullActivity:
@@ -88,18 +93,16 @@ class Timeline:
         self._t0 = time.perf_counter_ns()
         self._events: Deque[Tuple] = deque()
         self._pids: Dict[str, int] = {}
-        self._cond = threading.Condition()
+        self._due = threading.Event()        # set when an op completed (or on close): write now
         self._closing = False
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        self._file = open(path, "w", encoding="utf-8")   # closed by the writer thread
+        self._file = open(path, "wb")   # closed by the writer thread
         header = [{"name": "process_name", "ph": "M", "pid": 0,
                    "args": {"name": "Horovod", "start_time_since_epoch_in_micros": int(time.time() * 1e6)}},
                   {"name": "process_sort_index", "ph": "M", "pid": 0, "args": {"sort_index": 0}}]
-        self._file.write("[\n" + ",\n".join(json.dumps(e) for e in header))
-        self._end = self._file.tell()
-        self._file.write("\n]\n")
-        self._file.flush()
+        self._end = 0
+        self._append(("[\n" + ",\n".join(json.dumps(e) for e in header)).encode())
         self._thread = threading.Thread(target=self._writer, name="horovod-timeline", daemon=True)
         self._thread.start()
         log.info("timeline: recording to %s%s", path, " (with cycle markers)" if mark_cycles else "")
@@ -138,25 +141,31 @@ class Timeline:
         if self.mark_cycles:
             self._put((_CYCLE, time.perf_counter_ns()))
 
+    def flush_soon(self) -> None:
+        """Ops completed: have the writer write what is recorded now instead of at its next periodic flush."""
+        due = self._due
+        if not due.is_set():
+            due.set()
+
     # ----------------------------------------------------------------- writing (writer thread)
     def close(self) -> None:
         """Write everything recorded so far and close the file (the timeline stays valid JSON)."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
+        self._closing = True
+        self._due.set()
         self._thread.join(10.0)
         log.info("timeline: %s closed", self.path)
 
     def _writer(self) -> None:
         try:
+            due = self._due
             while True:
-                with self._cond:
-                    if not self._closing:
-                        self._cond.wait(_FLUSH_SECONDS)
-                    closing = self._closing
+                due.wait(_FLUSH_SECONDS)
+                due.clear()                 # before writing: a completion from now on triggers the next write
+                closing = self._closing
                 self._write_pending()
                 if closing:
                     return
+                time.sleep(_GATHER_SECONDS)
         except Exception:
             log.exception("timeline: writing %s failed; the timeline stops here", self.path)
         finally:
@@ -169,11 +178,15 @@ class Timeline:
         lines: List[str] = []
         while events:
             lines.extend(self._format(events.popleft()))
+        self._append((",\n" + ",\n".join(lines)).encode())
+
+    def _append(self, data: bytes) -> None:
+        """Write ``data`` over the closing ``]`` and close the list again, in one write: a reader never sees
+        the events without the ``]`` after them."""
         self._file.seek(self._end)
-        self._file.write(",\n" + ",\n".join(lines))
-        self._end = self._file.tell()
-        self._file.write("\n]\n")     # one buffered write with the events: readers never see it unclosed
+        self._file.write(data + b"\n]\n")
         self._file.flush()
+        self._end += len(data)
 
     def _pid(self, name: str, out: List[str]) -> int:
         pid = self._pids.get(name)
