@@ -1,5 +1,10 @@
-"""Run the backend-independent horovod.keras bodies (tests/parallel/test_keras_*.py) on each Keras backend that
-is installed: TensorFlow at 1, 2 and 4 ranks, PyTorch at 3 and JAX at 2 (KERAS_BACKEND selects it in every rank).
+"""Run the Keras bodies in tests/parallel through the launcher.
+
+- Keras 3 (tests/parallel/test_keras_*.py except the tf-keras ones), backend-independent: on each installed
+  backend, TensorFlow at 1, 2 and 4 ranks, PyTorch at 3 and JAX at 2 (KERAS_BACKEND selects it in every rank).
+- Keras 2 through tf-keras (test_keras_tf_keras_*.py), with TF_USE_LEGACY_KERAS=1 so that ``tf.keras`` is
+  ``tf_keras`` while ``import keras`` stays Keras 3: eagerly at 1 and 3 ranks, and the graph-mode (TF1) file
+  alone, since it switches eager execution off for its whole process, at 2.
 
 Each job has a hard timeout that dumps every rank's stacks; each test inside a rank has its own pytest-timeout.
 """
@@ -13,13 +18,19 @@ pytest.importorskip("keras")
 
 pytestmark = pytest.mark.timeout(360)
 
-FILES = sorted(p.name for p in PARALLEL.glob("test_keras_*.py"))
+ALL_FILES = sorted(p.name for p in PARALLEL.glob("test_keras_*.py"))
+TF_KERAS_GRAPH = "test_keras_tf_keras_graph.py"
+TF_KERAS_FILES = [f for f in ALL_FILES if f.startswith("test_keras_tf_keras_") and f != TF_KERAS_GRAPH]
+FILES = [f for f in ALL_FILES if not f.startswith("test_keras_tf_keras_")]
 EXPECTED = {"test_keras_optimizer.py", "test_keras_callbacks.py"}
+EXPECTED_TF_KERAS = {"test_keras_tf_keras_optimizer.py", "test_keras_tf_keras_callbacks.py"}
 JOBS = [("tensorflow", 1), ("tensorflow", 2), ("tensorflow", 4), ("torch", 3), ("jax", 2)]
+TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
 def test_every_keras_file_is_listed():
     assert EXPECTED <= set(FILES), FILES
+    assert EXPECTED_TF_KERAS <= set(TF_KERAS_FILES) and TF_KERAS_GRAPH in ALL_FILES, ALL_FILES
 
 
 @pytest.mark.parametrize("backend,np_", JOBS, ids=[f"{b}-np{n}" for b, n in JOBS])
@@ -28,3 +39,20 @@ def test_keras_parallel(backend, np_):
         pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
     env = {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
     run_parallel_tests(np_, FILES, env=env, timeout=300, pytest_args=["--timeout=90"])
+
+
+def _require_tf_keras():
+    for module in ("tensorflow", "tf_keras"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (pip install -e '.[tf-keras]')")
+
+
+@pytest.mark.parametrize("np_", [1, 3], ids=lambda n: f"np{n}")
+def test_tf_keras_parallel(np_):
+    _require_tf_keras()
+    run_parallel_tests(np_, TF_KERAS_FILES, env=TF_KERAS_ENV, timeout=300, pytest_args=["--timeout=90"])
+
+
+def test_tf_keras_graph_mode():
+    _require_tf_keras()
+    run_parallel_tests(2, TF_KERAS_GRAPH, env=TF_KERAS_ENV, timeout=180, pytest_args=["--timeout=60"])

@@ -64,15 +64,16 @@ def test_broadcast_callback_starts_every_rank_from_rank_0s_weights():
         np.testing.assert_allclose(everyone, np.broadcast_to(everyone[:1], everyone.shape), rtol=1e-6)
 
 
-def test_metric_average_callback_averages_logs_over_ranks():
+@pytest.mark.parametrize("metrics", [["mae"], []], ids=["loss-and-mae", "loss-only"])
+def test_metric_average_callback_averages_logs_over_ranks(metrics):
     raw, averaged = Record(), Record()
     model = model_for_rank(seed=7)
-    model.compile(keras.optimizers.SGD(0.01), "mse", metrics=["mae"])
+    model.compile(keras.optimizers.SGD(0.01), "mse", metrics=metrics)
     x, y = data(seed=10 + hvd.rank())          # different data: different losses per rank
     model.fit(x, y, batch_size=8, epochs=2, verbose=0,
               callbacks=[raw, hvd.callbacks.MetricAverageCallback(), averaged])
     for epoch in range(2):
-        for key in ("loss", "mae"):
+        for key in ["loss", *metrics]:
             everyone = gathered(raw.epoch_logs[epoch][key], f"cb.metric.{epoch}.{key}")
             assert averaged.epoch_logs[epoch][key] == pytest.approx(everyone.mean(), rel=1e-6)
             if hvd.size() > 1:
@@ -112,22 +113,25 @@ def test_learning_rate_schedule_staircase_and_momentum_correction():
     assert record.epoch_logs[2]["lr"] == pytest.approx(0.01, rel=1e-6)
 
 
-def test_momentum_correction_scales_the_momentum_slots_once():
+@pytest.mark.parametrize("name", ["SGD", "RMSprop"])
+def test_momentum_correction_scales_the_momentum_slots_once(name):
     model = model_for_rank(seed=3)
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer = getattr(keras.optimizers, name)(0.1, momentum=0.9)
     model.compile(optimizer, "mse")
     x, y = data(rows=8)
     model.fit(x, y, batch_size=4, epochs=1, verbose=0)
-    before = [keras.ops.convert_to_numpy(m).copy() for m in optimizer.momentums]
+    slots = optimizer.momentums if name == "SGD" else optimizer._momentums   # RMSprop's are lr-scaled steps too
+    assert slots
+    before = [keras.ops.convert_to_numpy(m).copy() for m in slots]
     callback = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.25)
     callback.set_model(model)
     callback.on_epoch_begin(0)
     callback.on_batch_begin(0)
     assert float(keras.ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(0.025)
-    for b, m in zip(before, optimizer.momentums):
+    for b, m in zip(before, slots):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(m), b * 0.25, rtol=1e-6)
     callback.on_batch_begin(1)          # staircase: only the epoch's first batch changes anything
-    for b, m in zip(before, optimizer.momentums):
+    for b, m in zip(before, slots):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(m), b * 0.25, rtol=1e-6)
 
 

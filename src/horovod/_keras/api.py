@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from horovod._keras import values
+from horovod._keras.flavor import is_tf_keras
 from horovod._keras.optimizer import create_distributed_optimizer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
@@ -17,8 +18,12 @@ def distributed_optimizer(optimizer: Any, name: Optional[str] = None, device_den
                           num_groups: int = 0, groups=None, process_set: ProcessSet = global_process_set,
                           scale_local_gradients: bool = True, local_layers: Optional[Iterable[Any]] = None) -> Any:
     """Wrap a Keras optimizer so that it averages (``op=Average``) or sums the gradients across ranks before
-    applying them; see ``horovod._keras.optimizer``. ``device_*`` are accepted for compatibility."""
-    return create_distributed_optimizer(
+    applying them. A Keras 3 optimizer gets ``horovod._keras.optimizer``'s wrapper (any backend), a tf_keras
+    (Keras 2) one ``horovod._keras.keras2.optimizer``'s. ``device_*`` are accepted for compatibility."""
+    create = create_distributed_optimizer
+    if is_tf_keras(optimizer):
+        from horovod._keras.keras2.optimizer import create_distributed_optimizer as create
+    return create(
         optimizer, local_layers=local_layers, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, op=op,
         backward_passes_per_step=backward_passes_per_step,

@@ -1,5 +1,10 @@
-"""Keras callbacks for distributed training (upstream's ``horovod/_keras/callbacks.py``), on Keras 3 and any of
-its backends. ``horovod.keras.callbacks`` and ``horovod.tensorflow.keras.callbacks`` export these."""
+"""Keras callbacks for distributed training (upstream's ``horovod/_keras/callbacks.py``).
+``horovod.keras.callbacks`` and ``horovod.tensorflow.keras.callbacks`` export these.
+
+Each one is a Keras 3 callback that tf_keras's ``model.fit`` accepts as well (``_TfKerasProtocol``), and does its
+work on the model it is given: a Keras 3 model (any backend) through ``horovod._keras.values``, a tf_keras (Keras 2)
+model through ``horovod._keras.keras2.state``. So one program may train both kinds with the same callbacks.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional, Union
@@ -8,23 +13,69 @@ import keras
 import numpy as np
 
 from horovod._keras import values
+from horovod._keras.flavor import is_tf_keras
 from horovod.common import basics, ops
 from horovod.common.process_sets import global_process_set
 
+_TRAIN_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+
+def _overrides(callback: Any, names: Iterable[str]) -> bool:
+    return any(getattr(type(callback), n) is not getattr(keras.callbacks.Callback, n) for n in names)
+
+
+class _TfKerasProtocol:
+    """What tf_keras's ``CallbackList`` asks of a callback besides the ``on_*`` hooks: which batch hooks it
+    implements (tf_keras skips the others) and whether ``logs`` may hold tensors (no: it gets numbers)."""
+
+    _supports_tf_logs = False
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return _overrides(self, _TRAIN_BATCH_HOOKS)
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return _overrides(self, ("on_test_batch_begin", "on_test_batch_end"))
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return _overrides(self, ("on_predict_batch_begin", "on_predict_batch_end"))
+
+
+class _Callback(_TfKerasProtocol, keras.callbacks.Callback):
+    """The base of Horovod's callbacks (see the module docstring)."""
+
+
+def _local_variable_list(local_variables: Any) -> list:
+    """``local_variables`` as a list: upstream accepts one variable as well as a collection of them."""
+    if local_variables is None:
+        return []
+    if hasattr(local_variables, "assign"):
+        return [local_variables]
+    return list(local_variables)
+
+
+def _broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any]) -> None:
+    if is_tf_keras(model):
+        from horovod._keras.keras2 import state
+
+        state.broadcast_model(model, root_rank, local_variables)
+    else:
+        values.broadcast_model(model, root_rank, local_variables)
+
+
+class BroadcastGlobalVariablesCallback(_Callback):
     """Make every rank start from ``root_rank``'s model and optimizer state.
 
     The model's variables are broadcast when training begins (so the first step already starts from the same
     weights) and, as upstream, everything including the optimizer's variables (created by the first step) after
-    the first batch. ``local_variables`` (or ``register_local_var``) keep this rank's values.
+    the first batch. ``local_variables`` (one variable or a collection; or ``register_local_var``) keep this
+    rank's values.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Optional[Iterable[Any]] = None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
-        self.local_variables = list(local_variables or [])
+        self.local_variables = _local_variable_list(local_variables)
         self.broadcast_done = False
 
     def register_local_var(self, var: Any) -> None:
@@ -33,16 +84,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if not self.broadcast_done:
-            values.broadcast_model(self.model, self.root_rank, self.local_variables)
+            _broadcast_model(self.model, self.root_rank, self.local_variables)
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        values.broadcast_model(self.model, self.root_rank, self.local_variables)
+        _broadcast_model(self.model, self.root_rank, self.local_variables)
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(_Callback):
     """At the end of every epoch, replace each metric in ``logs`` by its average over all ranks (one grouped
     allreduce, in sorted-name order), so that rank 0's report, checkpoints and early stopping see global values."""
 
@@ -57,6 +108,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
         arrays = [np.asarray(keras.ops.convert_to_numpy(logs[k]), dtype=np.float64).reshape(-1) for k in names]
         outs = ops.grouped_allreduce_async(arrays, None, "MetricAverageCallback." + ".".join(names),
                                            process_set=global_process_set).wait()
+        if len(arrays) == 1:        # a group of one completes with the array itself
+            outs = [outs]
         for k, arr, out in zip(names, arrays, outs):
             logs[k] = float(out[0]) if arr.size == 1 else out
 
@@ -65,28 +118,49 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 def _get_lr(optimizer: Any) -> float:
+    if is_tf_keras(optimizer):
+        from horovod._keras.keras2 import state
+
+        return state.get_lr(optimizer)
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
-def _correct_momentum(optimizer: Any, ratio: float) -> None:
-    """Momentum correction (Goyal et al.): scaling the momentum by new_lr / old_lr for one step equals scaling
-    the momentum slots once by that ratio (Keras 3 SGD and RMSprop keep ``momentums``). Doing it on the slots
-    works on every backend and inside an already-traced train step, where a changed float would be ignored."""
-    slots = getattr(optimizer, "momentums", None)
-    if not slots or not getattr(optimizer, "momentum", 0) or ratio == 1.0:
+def _set_lr(optimizer: Any, value: float) -> None:
+    if is_tf_keras(optimizer):
+        from horovod._keras.keras2 import state
+
+        state.set_lr(optimizer, value)
+    else:
+        optimizer.learning_rate = value
+
+
+def _momentum_slots(optimizer: Any) -> list:
+    """The momentum slots of an optimizer whose momentum accumulates learning-rate-scaled steps: SGD's
+    ``momentums`` and RMSprop's ``_momentums`` (Keras 3 and tf_keras's v2 optimizers alike)."""
+    if not getattr(optimizer, "momentum", 0):
+        return []
+    return list(getattr(optimizer, "momentums", None) or getattr(optimizer, "_momentums", None) or [])
+
+
+def _scale_momentum_slots(optimizer: Any, ratio: float) -> None:
+    """Momentum correction (Goyal et al.) for optimizers whose ``momentum`` is a Python float, frozen once the
+    train step is traced: scaling the momentum by new_lr / old_lr for one step equals scaling the momentum slots
+    once by that ratio. This works on every backend and inside an already-traced train step."""
+    if ratio == 1.0:
         return
-    for slot in slots:
+    for slot in _momentum_slots(optimizer):
         slot.assign(slot * ratio)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(_Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in [``start_epoch``, ``end_epoch``).
 
     A constant ``multiplier`` gives ``initial_lr * multiplier`` from each epoch's first batch (staircase), as
     upstream's code does (``multiplier=1e-1`` for epochs 30-60 means a tenth of ``initial_lr``). A callable is
     ``f(epoch)``; without ``staircase`` it is called every batch with a fractional epoch. ``momentum_correction``
-    scales the momentum by new_lr / old_lr for the step of each change. ``logs["lr"]`` gets the rate at the end
-    of each epoch.
+    scales the momentum by new_lr / old_lr for the step of each change: a tf_keras legacy optimizer's
+    ``momentum`` hyperparameter for that batch (as upstream), the momentum slots otherwise. ``logs["lr"]`` gets
+    the rate at the end of each epoch.
     """
 
     def __init__(self, initial_lr: float, multiplier: Union[float, Callable[[float], float]], start_epoch: int = 0,
@@ -102,6 +176,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = None
+        self.restore_momentum = None
         if callable(multiplier):
             self.multiplier = multiplier
         else:
@@ -121,9 +196,27 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         values.sync_backend_state(self.model)
         old_lr = _get_lr(optimizer)
         new_lr = self.initial_lr * self.multiplier(epoch)
-        optimizer.learning_rate = new_lr
-        if self.momentum_correction and old_lr > 0:
-            _correct_momentum(optimizer, new_lr / old_lr)
+        _set_lr(optimizer, new_lr)
+        if not self.momentum_correction or old_lr <= 0:
+            return
+        momentum = None
+        if is_tf_keras(optimizer):
+            from horovod._keras.keras2 import state
+
+            momentum = state.momentum_hyper(optimizer)
+        if momentum is None:
+            _scale_momentum_slots(optimizer, new_lr / old_lr)
+        elif momentum:
+            state.set_momentum_hyper(optimizer, momentum * new_lr / old_lr)
+            self.restore_momentum = momentum
+
+    def _restore_momentum_if_needed(self) -> None:
+        """A corrected momentum hyperparameter applies to one batch; the next hook puts it back."""
+        if self.restore_momentum is not None:
+            from horovod._keras.keras2 import state
+
+            state.set_momentum_hyper(self.model.optimizer, self.restore_momentum)
+            self.restore_momentum = None
 
     def on_train_begin(self, logs=None):
         if not self.staircase and not self.steps_per_epoch:
@@ -133,6 +226,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.current_epoch = epoch
 
     def on_batch_begin(self, batch, logs=None):
+        self._restore_momentum_if_needed()
         if self.current_epoch < self.start_epoch or (self.end_epoch is not None
                                                      and self.current_epoch >= self.end_epoch):
             return
@@ -142,6 +236,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust_learning_rate(self.current_epoch + float(batch) / self.steps_per_epoch)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._restore_momentum_if_needed()
         if logs is not None:
             values.sync_backend_state(self.model)
             logs["lr"] = _get_lr(self.model.optimizer)
@@ -166,18 +261,20 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0:
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and basics.rank() == 0:
             values.sync_backend_state(self.model)
             # verbose asks for a console message, as Keras' own callbacks print theirs.
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get_lr(self.model.optimizer):g}.", flush=True)
 
 
-class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class BestModelCheckpoint(_TfKerasProtocol, keras.callbacks.ModelCheckpoint):
     """A ``ModelCheckpoint`` that keeps only the best model (``save_best_only=True``).
 
     ``filepath`` may be given later (upstream's estimators set it) by assigning ``callback.filepath`` before
-    training; it must end in ``.keras`` (or ``.weights.h5`` with ``save_weights_only``). Save it on rank 0 only.
+    training; for a Keras 3 model it must end in ``.keras`` (or ``.weights.h5`` with ``save_weights_only``), a
+    tf_keras model saves in whatever format its ``save`` gives that path (``.h5``, ``.keras``, a SavedModel
+    directory). Save it on rank 0 only.
     """
 
     def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,

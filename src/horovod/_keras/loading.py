@@ -1,6 +1,14 @@
-"""``load_model``: load a saved Keras model with its optimizer re-created as a ``DistributedOptimizer``."""
+"""``load_model``: load a saved Keras model with its optimizer re-created as a ``DistributedOptimizer``.
+
+Which Keras loads it is decided by the file, not by ``TF_USE_LEGACY_KERAS``: a file that tf_keras (Keras 2) wrote
+(its recorded ``keras_version`` is 2.x, or it is a SavedModel directory) goes to ``horovod._keras.keras2.loading``,
+anything else to Keras 3.
+"""
 from __future__ import annotations
 
+import json
+import os
+import zipfile
 from typing import Any, Dict, Iterable, Optional
 
 import keras
@@ -16,15 +24,53 @@ def _optimizer_classes() -> Iterable[type]:
             yield value
 
 
-def load_model(filepath: str, custom_optimizers: Optional[Iterable[type]] = None,
+def _major(version: Any) -> Optional[int]:
+    if isinstance(version, bytes):
+        version = version.decode("utf-8", "replace")
+    try:
+        return int(str(version).split(".", 1)[0])
+    except ValueError:
+        return None
+
+
+def saved_keras_major(filepath: Any) -> Optional[int]:
+    """The major Keras version that wrote ``filepath`` (2 for a SavedModel directory), or None if unknown."""
+    if hasattr(filepath, "attrs"):                      # an open h5py.File
+        return _major(filepath.attrs.get("keras_version", ""))
+    if not isinstance(filepath, (str, os.PathLike)):
+        return None
+    path = os.fspath(filepath)
+    if os.path.isdir(path):
+        return 2 if os.path.exists(os.path.join(path, "saved_model.pb")) else None
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if "metadata.json" not in archive.namelist():
+                return None
+            return _major(json.loads(archive.read("metadata.json")).get("keras_version", ""))
+    try:
+        import h5py
+    except ImportError:
+        return None
+    if not h5py.is_hdf5(path):
+        return None
+    with h5py.File(path, "r") as f:
+        return _major(f.attrs.get("keras_version", ""))
+
+
+def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
                custom_objects: Optional[Dict[str, Any]] = None, compression: Any = None,
                legacy_opts: bool = False, **settings: Any) -> Any:
-    """Load a model saved with ``model.save`` (``.keras``), re-creating its optimizer as a Horovod
-    ``DistributedOptimizer`` with its saved state (slots, iterations) restored.
+    """Load a model saved with ``model.save``, re-creating its optimizer as a Horovod ``DistributedOptimizer``
+    with its saved state (slots, iterations) restored.
 
     ``custom_optimizers``: further optimizer classes the file may name. ``custom_objects``: passed to Keras.
-    ``legacy_opts`` is accepted for upstream compatibility (Keras 3 has no legacy optimizers).
+    ``legacy_opts``: for tf_keras files, see ``horovod._keras.keras2.loading`` (Keras 3 has no legacy optimizers).
     """
+    major = saved_keras_major(filepath)
+    if major is not None and major < 3:
+        from horovod._keras.keras2.loading import load_model as load_keras2
+
+        return load_keras2(filepath, custom_optimizers, custom_objects, compression, legacy_opts, **settings)
     wrapped = {}
     for cls in list(_optimizer_classes()) + list(custom_optimizers or ()):
         wrapped[cls.__name__] = distributed_optimizer_class(

@@ -40,6 +40,7 @@ class _Settings:
     groups: Groups
     process_set: ProcessSet
     scale_local_gradients: bool
+    gradient_predivide_factor: float = 1.0
     local_ids: Set[int] = field(default_factory=set)
 
 
@@ -167,7 +168,17 @@ def settings_for(name: Optional[str] = None, compression: Any = None, sparse_as_
                      sparse_as_dense=sparse_as_dense, op=op, prescale=prescale, postscale=postscale,
                      backward_passes_per_step=int(backward_passes_per_step),
                      average_aggregated_gradients=average_aggregated_gradients, groups=check_groups(groups),
-                     process_set=process_set, scale_local_gradients=scale_local_gradients)
+                     process_set=process_set, scale_local_gradients=scale_local_gradients,
+                     gradient_predivide_factor=gradient_predivide_factor)
+
+
+def local_layer_list(local_layers: Any) -> List[Any]:
+    """``local_layers`` as a list: upstream accepts one layer as well as a collection of them."""
+    if local_layers is None:
+        return []
+    if hasattr(local_layers, "trainable_weights"):
+        return [local_layers]
+    return list(local_layers)
 
 
 def distributed_optimizer_class(base: type, settings: _Settings) -> type:
@@ -182,11 +193,11 @@ def create_distributed_optimizer(optimizer: Any, local_layers: Optional[Iterable
     """Wrap a Keras optimizer instance (see the module docstring); ``settings`` are ``settings_for``'s.
     Shared by horovod.keras and horovod.tensorflow.keras."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise ValueError(f"DistributedOptimizer expects a Keras 3 optimizer (keras.optimizers.Optimizer), got "
-                         f"{type(optimizer).__name__}. For tf.compat.v1.train optimizers use "
-                         "horovod.tensorflow.DistributedOptimizer.")
+        raise ValueError(f"DistributedOptimizer expects a Keras 3 optimizer (keras.optimizers.Optimizer) or a "
+                         f"tf-keras (Keras 2) optimizer, got {type(optimizer).__name__}. For "
+                         "tf.compat.v1.train optimizers use horovod.tensorflow.DistributedOptimizer.")
     settings["name"] = settings.get("name") or f"Distributed{type(optimizer).__name__}"
     resolved = settings_for(**settings)
-    for layer in local_layers or ():
+    for layer in local_layer_list(local_layers):
         resolved.local_ids.update(id(v) for v in layer.trainable_weights)
     return distributed_optimizer_class(type(optimizer), resolved).from_config(optimizer.get_config())

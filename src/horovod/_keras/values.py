@@ -2,10 +2,12 @@
 modules' ``allreduce``/``allgather``/``broadcast``/``reducescatter``, and broadcasting Keras variables.
 
 They run eagerly on the numpy op layer and return a tensor of the Keras backend (an eager tensor on
-TensorFlow, as upstream's TF2 path returns).
+TensorFlow, as upstream's TF2 path returns; in a graph-mode (TF1) program, where upstream ran the op in Keras'
+session, the numpy result).
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterable, List, Optional
 
 import keras
@@ -22,7 +24,15 @@ def _array(value: Any) -> np.ndarray:
     return np.require(keras.ops.convert_to_numpy(value), requirements="C")
 
 
+def _graph_mode() -> bool:
+    """True inside a TF1 graph program (``tf.compat.v1.disable_eager_execution()``); never imports TF."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and not tf.executing_eagerly()
+
+
 def _tensor(arr: np.ndarray) -> Any:
+    if _graph_mode():
+        return arr
     return keras.ops.convert_to_tensor(arr, dtype=keras.backend.standardize_dtype(arr.dtype))
 
 
@@ -70,7 +80,8 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, name: str = "b
     """Overwrite Keras variables with ``root_rank``'s values: all broadcasts start together (the engine fuses
     them into few exchanges), then every variable is assigned. Returns the variables."""
     variables = list(variables)
-    arrays = [_array(v.value if hasattr(v, "value") else v) for v in variables]
+    # A Keras 3 variable's value; a tf.Variable (tf_keras) converts as it is (its `value` is a method).
+    arrays = [_array(v.value if isinstance(v, keras.Variable) else v) for v in variables]
     handles = [ops.broadcast_async(a, int(root_rank), None, f"{name}.{i}", process_set)
                for i, a in enumerate(arrays)]
     for v, a, h in zip(variables, arrays, handles):
@@ -92,18 +103,21 @@ def broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any] =
 
 
 def broadcast_global_variables(root_rank: int) -> Any:
-    """TF1 graph mode only (as upstream): broadcast ``tf.compat.v1.global_variables()``.
+    """TF1 graph mode only (as upstream): broadcast ``tf.compat.v1.global_variables()``, in tf_keras' session.
 
     Keras 3 keeps no global variable collection; in eager mode use the ``BroadcastGlobalVariablesCallback`` in
     ``model.fit``, or ``hvd.broadcast_variables(model.variables, root_rank)`` in a custom loop.
     """
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
+    if _graph_mode():
+        import horovod.tensorflow as hvd_tf
 
-        if not tf.executing_eagerly():
-            import horovod.tensorflow as hvd_tf
+        op = hvd_tf.broadcast_global_variables(root_rank)
+        if "tf_keras" not in sys.modules:
+            return op
+        from horovod._keras.keras2 import session
 
-            return hvd_tf.broadcast_global_variables(root_rank)
+        # As upstream: run it in Keras' session (graph-mode Keras is tf_keras; Keras 3 has no TF1 mode).
+        return session().run(op)
     raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                        "`hvd.callbacks.BroadcastGlobalVariablesCallback(0)` in model.fit, or "
                        "`hvd.broadcast_variables(<model/optimizer variables>, root_rank=0)` instead.")
