@@ -1,5 +1,5 @@
-"""The Keras model.fit example: the digits reach >= 95% on 2 ranks on each installed Keras backend, with progress
-and a checkpoint from rank 0 only."""
+"""The Keras model.fit examples: the digits reach >= 95% on 2 ranks on each installed Keras backend, and a Keras 2
+program through tf-keras does too, with progress and checkpoints from rank 0 only."""
 import importlib.util
 import re
 import sys
@@ -28,3 +28,21 @@ def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
     assert re.search(r"\[0\]<stdout>:Epoch 20/20", result.stdout), "rank 0 shows progress"
     assert not re.search(r"\[1\]<stdout>:Epoch", result.stdout), "only rank 0 shows progress"
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["digits.keras"], "rank 0 writes one checkpoint"
+
+
+def test_tf_keras_digits_keras2_program_trains_on_two_ranks(tmp_path):
+    """Upstream's Keras 2 program shape (tensorflow2_keras_mnist.py) under TF_USE_LEGACY_KERAS=1, with a legacy
+    optimizer built with ``lr=``."""
+    for module in ("tensorflow", "tf_keras"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed (pip install -e '.[tf-keras]')")
+    checkpoints = tmp_path / "ckpt"
+    result = horovodrun(2, [sys.executable, "examples/keras/tf_keras_digits.py", "--legacy-optimizer",
+                            "--checkpoint-dir", str(checkpoints)],
+                        env={"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert_digits_report(result.stdout, ranks=2)
+    assert re.search(r"\[0\]<stderr>:tf-keras 2\.[\d.]+ \(TensorFlow [\d.]+\), 2 ranks", result.stdout)
+    assert re.search(r"\[0\]<stdout>:Epoch 3: finished gradual learning rate warmup", result.stdout)
+    assert not re.search(r"\[1\]<stdout>:(Epoch|.*warmup)", result.stdout), "only rank 0 reports"
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(f"checkpoint-{e}.h5" for e in range(1, 13))

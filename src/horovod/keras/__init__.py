@@ -1,6 +1,9 @@
 """``import horovod.keras as hvd``: Horovod for standalone Keras 3, on the TensorFlow, PyTorch or JAX backend
 (``KERAS_BACKEND``); TensorFlow is not needed for the latter two. The surface is upstream's ``horovod.keras``;
 see ``docs/keras.md`` for what works on which backend.
+
+Given a tf_keras (Keras 2) optimizer or model, as a program has under ``TF_USE_LEGACY_KERAS=1`` through
+``tf.keras``, the same functions and callbacks take the TensorFlow-only Keras 2 path (``horovod._keras.keras2``).
 """
 from __future__ import annotations
 
@@ -90,5 +93,6 @@ reducescatter = _values.reducescatter
 
 def load_model(filepath: str, custom_optimizers=None, custom_objects=None, compression=Compression.none,
                legacy_opts: bool = False):
-    """Load a ``.keras`` model and re-create its optimizer, with its state, as a DistributedOptimizer."""
+    """Load a saved model and re-create its optimizer, with its state, as a DistributedOptimizer; a file that
+    tf_keras wrote (``.h5``, ``.keras``, SavedModel) is loaded by tf_keras, any other by Keras 3."""
     return _load_model(filepath, custom_optimizers, custom_objects, compression, legacy_opts)

@@ -1,7 +1,9 @@
-"""``import horovod.tensorflow.keras as hvd``: Horovod for Keras 3 on the TensorFlow backend (``tf.keras``).
+"""``import horovod.tensorflow.keras as hvd``: Horovod for ``tf.keras`` programs: Keras 3 on the TensorFlow
+backend, or Keras 2 through tf-keras when ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` the ``tf_keras`` package.
 
 ``hvd.DistributedOptimizer`` works in ``model.fit`` and in custom loops; ``hvd.callbacks`` has the broadcast,
-metric-average, learning-rate and checkpoint callbacks. See ``docs/keras.md``.
+metric-average, learning-rate and checkpoint callbacks. Each call decides by the object it is given (a Keras 3 or a
+tf_keras optimizer or model), so both kinds work in one process. See ``docs/keras.md``.
 """
 from __future__ import annotations
 
