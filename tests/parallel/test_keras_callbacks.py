@@ -64,6 +64,25 @@ def test_broadcast_callback_starts_every_rank_from_rank_0s_weights():
         np.testing.assert_allclose(everyone, np.broadcast_to(everyone[:1], everyone.shape), rtol=1e-6)
 
 
+def test_broadcast_callback_when_only_rank_0_resumes_from_a_checkpoint(tmp_path):
+    """Only rank 0's optimizer has variables when training starts; the others get them from the first step."""
+    x, y = data(seed=hvd.rank())
+    if hvd.rank() == 0:
+        trained = model_for_rank(seed=5)
+        trained.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
+        trained.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        trained.save(tmp_path / "resume.keras")
+        model = hvd.load_model(str(tmp_path / "resume.keras"))
+        assert hasattr(model.optimizer, "register_local_var"), "a plain optimizer is made distributed on loading"
+    else:
+        model = model_for_rank(seed=6)
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), "mse")
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for i, v in enumerate(list(model.weights) + list(model.optimizer.variables)):
+        everyone = gathered(keras.ops.convert_to_numpy(v), f"cb.resume.{i}")
+        np.testing.assert_allclose(everyone, np.broadcast_to(everyone[:1], everyone.shape), rtol=1e-6)
+
+
 @pytest.mark.parametrize("metrics", [["mae"], []], ids=["loss-and-mae", "loss-only"])
 def test_metric_average_callback_averages_logs_over_ranks(metrics):
     raw, averaged = Record(), Record()

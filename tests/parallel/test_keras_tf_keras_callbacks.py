@@ -93,6 +93,25 @@ def test_broadcast_callback_keeps_a_local_variable_local():
         assert not np.allclose(everyone, everyone[:1]), "the local variable kept each rank's value"
 
 
+def test_broadcast_callback_when_only_rank_0_resumes_from_a_checkpoint(tmp_path):
+    """Only rank 0's optimizer has variables when training starts; the others get them from the first step."""
+    x, y = data(seed=hvd.rank())
+    if hvd.rank() == 0:
+        trained = model_for_rank(seed=5)
+        trained.compile(keras.optimizers.legacy.SGD(lr=0.05, momentum=0.9), "mse")
+        trained.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        trained.save(str(tmp_path / "resume.h5"))
+        model = hvd.load_model(str(tmp_path / "resume.h5"))
+        assert len(model.optimizer.weights) == 5, "iterations and four momentum slots come back"
+    else:
+        model = model_for_rank(seed=6)
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(lr=0.05, momentum=0.9)), "mse")
+        assert len(model.optimizer.weights) == 0
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    for i, v in enumerate(model.weights + model.optimizer.weights):
+        assert_same_on_every_rank(v.numpy(), f"tfk.cb.resume.{i}")
+
+
 def test_metric_average_callback_averages_logs_over_ranks():
     raw, averaged = Record(), Record()
     model = model_for_rank(seed=7)

@@ -214,12 +214,15 @@ def scaled_mse(y_true, y_pred):
     return 2.0 * tf.reduce_mean(tf.square(y_true - y_pred))
 
 
-@pytest.mark.parametrize("kind,suffix", [("legacy", ".h5"), ("v2", ".keras"), ("custom", ".h5")])
-def test_load_model_rewraps_the_optimizer(kind, suffix, tmp_path):
+@pytest.mark.parametrize("kind,suffix,saved_by_horovod", [
+    ("legacy", ".h5", True), ("v2", ".keras", True), ("custom", ".h5", True), ("legacy", ".h5", False),
+    ("v2", ".keras", False)])
+def test_load_model_rewraps_the_optimizer(kind, suffix, saved_by_horovod, tmp_path):
     optimizer = ScaledSGD(lr=0.01, momentum=0.9) if kind == "custom" else (
         sgd("legacy", 0.01, momentum=0.9) if kind == "legacy" else keras.optimizers.Adam(0.01))
     model = make_model(seed=hvd.rank())
-    model.compile(hvd.DistributedOptimizer(optimizer), scaled_mse)
+    # A model saved by a program without Horovod (its own, on each rank) is made distributed on loading too.
+    model.compile(hvd.DistributedOptimizer(optimizer) if saved_by_horovod else optimizer, scaled_mse)
     x, y = np.ones((4, 6), np.float32), np.zeros((4, 1), np.float32)
     model.fit(x, y, batch_size=4, epochs=2, verbose=0)
     path = str(tmp_path / f"model-{hvd.rank()}{suffix}")
@@ -228,11 +231,15 @@ def test_load_model_rewraps_the_optimizer(kind, suffix, tmp_path):
     loaded = hvd.load_model(path, custom_objects={"scaled_mse": scaled_mse}, compression=hvd.Compression.fp16,
                             **custom)
     assert type(loaded.optimizer).__name__ == type(optimizer).__name__
+    assert type(loaded.optimizer).__module__ == "horovod._keras", "upstream's module for the wrapper class"
     assert isinstance(loaded.optimizer, type(optimizer)) and hasattr(loaded.optimizer, "register_local_var")
     assert int(loaded.optimizer.iterations.numpy()) == 2, "the optimizer state is restored"
     for got, want in zip(loaded.optimizer.variables(), model.optimizer.variables()):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
-    hvd.broadcast_variables(loaded.variables, root_rank=0)
+    if kind != "custom":                # plain tf_keras reads the file too, with the unwrapped optimizer
+        plain = keras.models.load_model(path, custom_objects={"scaled_mse": scaled_mse})
+        assert type(plain.optimizer) is type(optimizer) and int(plain.optimizer.iterations.numpy()) == 2
+    hvd.broadcast_variables(loaded.variables + loaded.optimizer.variables(), root_rank=0)
     loaded.fit(x, y, batch_size=4, epochs=1, verbose=0)
     weights = loaded.get_weights()[0]
     np.testing.assert_allclose(hvd.broadcast(weights, 0, name="tfk.load.after").numpy(), weights, rtol=1e-6)

@@ -53,22 +53,22 @@ def _local_variable_list(local_variables: Any) -> list:
     return list(local_variables)
 
 
-def _broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any]) -> None:
+def _broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any], include_optimizer: bool) -> None:
     if is_tf_keras(model):
         from horovod._keras.keras2 import state
 
-        state.broadcast_model(model, root_rank, local_variables)
+        state.broadcast_model(model, root_rank, local_variables, include_optimizer=include_optimizer)
     else:
-        values.broadcast_model(model, root_rank, local_variables)
+        values.broadcast_model(model, root_rank, local_variables, include_optimizer=include_optimizer)
 
 
 class BroadcastGlobalVariablesCallback(_Callback):
     """Make every rank start from ``root_rank``'s model and optimizer state.
 
     The model's variables are broadcast when training begins (so the first step already starts from the same
-    weights) and, as upstream, everything including the optimizer's variables (created by the first step) after
-    the first batch. ``local_variables`` (one variable or a collection; or ``register_local_var``) keep this
-    rank's values.
+    weights) and, as upstream, everything including the optimizer's variables after the first batch: only then
+    does every rank have them (a rank that loaded a checkpoint has them before, the others after their first
+    step). ``local_variables`` (one variable or a collection; or ``register_local_var``) keep this rank's values.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Optional[Iterable[Any]] = None):
@@ -84,12 +84,12 @@ class BroadcastGlobalVariablesCallback(_Callback):
 
     def on_train_begin(self, logs=None):
         if not self.broadcast_done:
-            _broadcast_model(self.model, self.root_rank, self.local_variables)
+            _broadcast_model(self.model, self.root_rank, self.local_variables, include_optimizer=False)
 
     def on_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        _broadcast_model(self.model, self.root_rank, self.local_variables)
+        _broadcast_model(self.model, self.root_rank, self.local_variables, include_optimizer=True)
         self.broadcast_done = True
 
 

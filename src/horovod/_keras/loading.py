@@ -71,10 +71,28 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
         from horovod._keras.keras2.loading import load_model as load_keras2
 
         return load_keras2(filepath, custom_optimizers, custom_objects, compression, legacy_opts, **settings)
-    wrapped = {}
-    for cls in list(_optimizer_classes()) + list(custom_optimizers or ()):
-        wrapped[cls.__name__] = distributed_optimizer_class(
-            cls, settings_for(name=f"Distributed{cls.__name__}", compression=compression, **settings))
-    objects = dict(wrapped)
+    def settings_of(cls: type) -> Any:
+        return settings_for(name=f"Distributed{cls.__name__}", compression=compression, **settings)
+
+    objects: Dict[str, Any] = {cls.__name__: distributed_optimizer_class(cls, settings_of(cls))
+                               for cls in list(_optimizer_classes()) + list(custom_optimizers or ())}
     objects.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=objects)
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    _wrap_plain_optimizer(model, settings_of)
+    return model
+
+
+def _wrap_plain_optimizer(model: Any, settings_of: Any) -> None:
+    """Keras 3 resolves a built-in optimizer class (saved by a program without Horovod) without looking at
+    ``custom_objects``; such a loaded optimizer is replaced here by its distributed form, with its state."""
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or getattr(type(optimizer), "_hvd_settings", None) \
+            or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return
+    cls = type(optimizer)
+    wrapped = distributed_optimizer_class(cls, settings_of(cls)).from_config(optimizer.get_config())
+    if optimizer.built:
+        wrapped.build(list(optimizer._trainable_variables))
+        for new, old in zip(wrapped.variables, optimizer.variables):
+            new.assign(old)
+    model.optimizer = wrapped

@@ -90,14 +90,14 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int, name: str = "b
 
 
 def broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any] = (),
-                    process_set: ProcessSet = global_process_set) -> None:
-    """Make ``model``'s variables, and its optimizer's once built, equal to ``root_rank``'s; variables listed in
-    ``local_variables`` keep this rank's values."""
+                    process_set: ProcessSet = global_process_set, include_optimizer: bool = True) -> None:
+    """Make ``model``'s variables, and (``include_optimizer``) its optimizer's once built, equal to
+    ``root_rank``'s; variables listed in ``local_variables`` keep this rank's values."""
     sync_backend_state(model)
     skip = {id(v) for v in local_variables}
     variables = [v for v in model.variables if id(v) not in skip]
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and getattr(optimizer, "built", False):
+    if include_optimizer and optimizer is not None and getattr(optimizer, "built", False):
         variables += [v for v in optimizer.variables if id(v) not in skip]
     broadcast_variables(variables, root_rank, "BroadcastGlobalVariables", process_set)
 

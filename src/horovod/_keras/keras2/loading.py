@@ -28,6 +28,35 @@ def _classes(namespace: Any, base: type) -> Dict[str, type]:
     return found
 
 
+def _is_v2(cls: type) -> bool:
+    return issubclass(cls, tf_keras().optimizers.Optimizer)
+
+
+def _choose(legacy: Optional[type], v2: Optional[type], config: Dict[str, Any], legacy_default: bool) -> type:
+    """The class of one optimizer name a saved ``config`` was written by (tf_keras's own loader's rule: a v2
+    optimizer's config says ``is_legacy_optimizer: False``; graph-mode Keras has only the legacy ones). Drops the
+    marker from ``config`` for a legacy class."""
+    is_legacy = config.get("is_legacy_optimizer", True) if config else legacy_default
+    if not tf.executing_eagerly():
+        is_legacy = True
+    cls = (legacy or v2) if is_legacy else (v2 or legacy)
+    if not _is_v2(cls):
+        config.pop("is_legacy_optimizer", None)
+    return cls
+
+
+def plain_optimizer_class(name: str, config: Dict[str, Any]) -> type:
+    """tf_keras's own optimizer class ``name`` (legacy or v2, as ``config`` says); see ``saved_names``."""
+    module = tf_keras()
+    key = name.lower()
+    legacy = _classes(module.optimizers.legacy, module.optimizers.legacy.Optimizer).get(key)
+    v2 = _classes(module.optimizers, module.optimizers.Optimizer).get(key)
+    if legacy is None and v2 is None:
+        raise TypeError(f"tf_keras has no optimizer named {name!r}; load the model with hvd.load_model("
+                        "custom_optimizers=[YourOptimizer]) or custom_objects.")
+    return _choose(legacy, v2, config, legacy_default=False)
+
+
 class _SavedOptimizer:
     """A ``custom_objects`` entry for one built-in optimizer name: ``from_config`` builds the Horovod wrapper of
     the legacy or the v2 class of that name, whichever the saved config was written by."""
@@ -35,26 +64,13 @@ class _SavedOptimizer:
     def __init__(self, legacy: Optional[type], v2: Optional[type], settings: _Settings, legacy_default: bool):
         self.legacy, self.v2, self.settings, self.legacy_default = legacy, v2, settings, legacy_default
 
-    def _choose(self, config: Dict[str, Any]) -> type:
-        legacy = config.get("is_legacy_optimizer", True) if config else self.legacy_default
-        if not tf.executing_eagerly():
-            legacy = True           # graph-mode Keras has only the legacy optimizers
-        cls = (self.legacy or self.v2) if legacy else (self.v2 or self.legacy)
-        return distributed_optimizer_class(cls, self.settings)
-
     def from_config(self, config: Dict[str, Any], custom_objects: Optional[Dict[str, Any]] = None) -> Any:
         config = dict(config)
-        cls = self._choose(config)
-        if not _is_v2(cls):
-            config.pop("is_legacy_optimizer", None)
+        cls = distributed_optimizer_class(_choose(self.legacy, self.v2, config, self.legacy_default), self.settings)
         return cls.from_config(config, custom_objects=custom_objects)
 
     def __call__(self, **config: Any) -> Any:
         return self.from_config(config)
-
-
-def _is_v2(cls: type) -> bool:
-    return issubclass(cls, tf_keras().optimizers.Optimizer)
 
 
 def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None,
@@ -78,4 +94,28 @@ def load_model(filepath: Any, custom_optimizers: Optional[Iterable[type]] = None
     for cls in custom_optimizers or ():
         objects[cls.__name__] = distributed_optimizer_class(cls, resolved(cls.__name__))
     objects.update(custom_objects or {})
-    return module.models.load_model(filepath, custom_objects=objects)
+    model = module.models.load_model(filepath, custom_objects=objects)
+    _wrap_plain_optimizer(model, resolved)
+    return model
+
+
+def _wrap_plain_optimizer(model: Any, resolved: Any) -> None:
+    """A ``.keras`` file names a built-in optimizer by its public path, which tf_keras resolves without looking at
+    ``custom_objects``; such a loaded optimizer is replaced here by its distributed form, with its state."""
+    module = tf_keras()
+    optimizer = getattr(model, "optimizer", None)
+    kinds = (module.optimizers.Optimizer, module.optimizers.legacy.Optimizer)
+    if not isinstance(optimizer, kinds) or getattr(type(optimizer), "_hvd_settings", None) \
+            or "LossScale" in type(optimizer).__name__:
+        return
+    cls = type(optimizer)
+    wrapped = distributed_optimizer_class(cls, resolved(cls.__name__)).from_config(optimizer.get_config())
+    if _is_v2(cls):
+        if optimizer.variables:
+            wrapped.build(model.trainable_variables)
+            for new, old in zip(wrapped.variables, optimizer.variables):
+                new.assign(old)
+    elif optimizer.weights:
+        wrapped._create_all_weights(model.trainable_variables)
+        wrapped.set_weights(optimizer.get_weights())
+    model.optimizer = wrapped

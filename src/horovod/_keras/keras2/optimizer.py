@@ -2,7 +2,8 @@
 ``OptimizerV2``) and tf_keras's own v2 ones (``tf.keras.optimizers.Adam`` ... in tf_keras 2.11+).
 
 As upstream (``horovod/_keras/__init__.py``), the wrapper is a dynamic subclass of the optimizer's class, made
-from its config, named like it (a saved model names ``SGD``; ``hvd.load_model`` wraps it again).
+from its config, named like it, in the module ``horovod._keras`` (a saved model names ``SGD``; ``hvd.load_model``
+wraps it again, plain tf_keras loads tf_keras's ``SGD``).
 
 Where the gradients are reduced: in ``apply_gradients``, which ``minimize`` (so ``model.fit``) and custom loops
 both call, and in ``get_gradients``, which graph-mode (TF1) Keras calls before ``apply_gradients``; gradients that
@@ -164,7 +165,9 @@ def _distributed_class(base: type, settings: _Settings) -> type:
         _DistributedOptimizer.variables = property(variables, doc="The optimizer's variables (also callable).")
     _DistributedOptimizer.__name__ = base.__name__
     _DistributedOptimizer.__qualname__ = base.__qualname__
-    _DistributedOptimizer.__module__ = base.__module__    # a saved model names the original class
+    # Upstream's module (its tests check it). .h5 and SavedModel files name the class only; a .keras file names
+    # horovod._keras.<Class>, which resolves to tf_keras's class for plain tf_keras (see horovod._keras).
+    _DistributedOptimizer.__module__ = "horovod._keras"
     return _DistributedOptimizer
 
 

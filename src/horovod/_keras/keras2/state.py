@@ -23,14 +23,15 @@ def optimizer_variables(optimizer: Any) -> List[Any]:
 
 
 def broadcast_model(model: Any, root_rank: int, local_variables: Iterable[Any] = (),
-                    process_set: ProcessSet = global_process_set) -> None:
-    """Make ``model``'s variables, and its optimizer's, equal to ``root_rank``'s (``local_variables``, matched by
-    ``var.ref()`` as upstream, keep this rank's values). All broadcasts start before the first completes."""
+                    process_set: ProcessSet = global_process_set, include_optimizer: bool = True) -> None:
+    """Make ``model``'s variables, and (``include_optimizer``) its optimizer's, equal to ``root_rank``'s
+    (``local_variables``, matched by ``var.ref()`` as upstream, keep this rank's values). All broadcasts start
+    before the first completes."""
     backend = tf_keras().backend
     skip = {_key(v) for v in local_variables}
     variables = [v for v in model.variables if _key(v) not in skip]
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None:
+    if include_optimizer and optimizer is not None:
         variables += [v for v in optimizer_variables(optimizer) if _key(v) not in skip]
     if not variables:
         return
