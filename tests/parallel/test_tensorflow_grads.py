@@ -1,9 +1,11 @@
-"""horovod.tensorflow gradients through tf.GradientTape, eagerly and inside tf.function, and
-DistributedGradientTape against single-process gradients on the whole batch.
+"""horovod.tensorflow gradients through tf.GradientTape (eagerly and inside tf.function) and tf.gradients (TF1
+graph), and DistributedGradientTape against single-process gradients on the whole batch.
 
 Upstream's rules: allreduce -> allreduce of the gradient (same op and factors); allgather and broadcast -> the
 gradient averaged across ranks (then this rank's rows / zero off the root); alltoall -> alltoall back with the
-received splits; reducescatter -> allgather, scaled like the forward.
+received splits; reducescatter -> the gradient times the set size (op Sum only), times the prescale and
+postscale factors, then allgathered (upstream's numbers, which for op Sum are size times the true gradient of the
+summed loss).
 """
 import numpy as np
 import pytest
@@ -15,23 +17,38 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 import horovod.tensorflow as hvd  # noqa: E402
 
 MODES = ["eager", "function"]
+GRAPH_MODES = MODES + ["graph"]
 
 
 def grad_of(mode, fn, x):
-    """d sum(w * fn(x)) / dx with w = 1..n over fn's output, eagerly or inside a tf.function."""
+    """d sum(w * fn(x)) / dx with w = 1..n over fn's output, eagerly, inside a tf.function, or with tf.gradients
+    in a TF1 graph run by a session."""
+    def loss_of(y):
+        w = tf.reshape(tf.range(1, tf.size(y) + 1, dtype=y.dtype), tf.shape(y))
+        return tf.reduce_sum(w * y)
+
     def body(x):
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = fn(x)
-            w = tf.reshape(tf.range(1, tf.size(y) + 1, dtype=y.dtype), tf.shape(y))
-            loss = tf.reduce_sum(w * y)
+            loss = loss_of(y)
         return y, tape.gradient(loss, x)
 
-    y, g = body(x) if mode == "eager" else tf.function(body)(x)
-    return y.numpy(), g.numpy(), np.arange(1, y.numpy().size + 1, dtype=np.float64).reshape(y.shape)
+    if mode == "graph":
+        value = x.numpy()
+        with tf.Graph().as_default():
+            xg = tf.constant(value)
+            y = fn(xg)
+            (g,) = tf.gradients(loss_of(y), [xg])
+            with tf.compat.v1.Session() as sess:
+                y, g = sess.run([y, g])
+    else:
+        y, g = body(x) if mode == "eager" else tf.function(body)(x)
+        y, g = y.numpy(), g.numpy()
+    return y, g, np.arange(1, y.size + 1, dtype=np.float64).reshape(y.shape)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAPH_MODES)
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda d: d.name)
 @pytest.mark.parametrize("op_name", ["Sum", "Average"])
 def test_allreduce_grad(op_name, dtype, mode):
@@ -60,7 +77,7 @@ def test_grouped_allreduce_grad(mode):
     np.testing.assert_allclose(gb.numpy(), np.full((2, 2), 3.0 * size))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_allgather_grad_uneven_rows(mode):
     rank, size = hvd.rank(), hvd.size()
     x = tf.fill([rank + 1, 2], float(rank))
@@ -88,7 +105,7 @@ def test_grouped_allgather_grad(mode):
     np.testing.assert_allclose(gb.numpy(), np.full((2, 3), 7.0))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAPH_MODES)
 def test_broadcast_grad(mode):
     rank, size = hvd.rank(), hvd.size()
     root = size - 1
@@ -117,15 +134,34 @@ def test_alltoall_grad(mode):
     np.testing.assert_allclose(g, np.full((sum(splits), 2), rank + 1.0))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", GRAPH_MODES)
 @pytest.mark.parametrize("op_name", ["Sum", "Average"])
-def test_reducescatter_grad(op_name, mode):
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (2.0, 0.25)], ids=["unscaled", "scaled"])
+def test_reducescatter_grad_is_upstreams(scales, op_name, mode):
     size, op = hvd.size(), getattr(hvd, op_name)
+    pre, post = scales
     x = tf.ones([2 * size, 3])
-    y, g, w = grad_of(mode, lambda t: hvd.reducescatter(t, op=op), x)
-    # Every rank's w is 1..6 over its 2 rows: the allgathered gradient is that block repeated per rank.
-    expected = np.tile(w, (size, 1)) / (size if op == hvd.Average else 1)
+    y, g, w = grad_of(mode, lambda t: hvd.reducescatter(t, op=op, prescale_factor=pre, postscale_factor=post), x)
+    # Every rank's w is 1..6 over its 2 rows: the allgathered gradient is that block repeated per rank, times
+    # the set size for Sum (not for Average), times both factors.
+    expected = np.tile(w, (size, 1)) * (size if op == hvd.Sum else 1) * pre * post
     np.testing.assert_allclose(g, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", GRAPH_MODES)
+@pytest.mark.parametrize("op_name", ["Sum", "Average"])
+def test_grouped_reducescatter_grad_is_upstreams(op_name, mode):
+    size, op = hvd.size(), getattr(hvd, op_name)
+
+    def fn(t):
+        a, b = hvd.grouped_reducescatter([t, 3.0 * t], op=op, prescale_factor=0.5)
+        return tf.concat([a, b], axis=1)
+
+    _, g, w = grad_of(mode, fn, tf.ones([size, 2], tf.float64))
+    # Rank r's output row is [a_r (2 values), b_r (2 values)] with weights w = 1..4; b = reducescatter(3 t).
+    scale = (size if op == hvd.Sum else 1) * 0.5
+    expected = np.tile(w[:, :2] + 3.0 * w[:, 2:], (size, 1)) * scale
+    np.testing.assert_allclose(g, expected, rtol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------ tape

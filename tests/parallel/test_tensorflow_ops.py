@@ -1,5 +1,5 @@
-"""horovod.tensorflow collectives at any number of ranks: every collective x dtype, eagerly and inside
-tf.function, checked against numpy.
+"""horovod.tensorflow collectives at any number of ranks: every collective x dtype, eagerly, inside tf.function
+and in a TF1 graph run by a session (as upstream's tests run them), checked against numpy.
 
 Each rank builds every rank's contribution deterministically from the rank number, so each rank can compute the
 whole job's expected result locally. Values are small integers, exact in every dtype (bfloat16 included).
@@ -16,7 +16,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 REDUCE_DTYPES = FLOATS + [tf.int32, tf.int64]
 MOVE_DTYPES = REDUCE_DTYPES + [tf.uint8, tf.int8, tf.bool]
-MODES = ["eager", "function"]
+MODES = ["eager", "function", "graph"]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max}
 
 
@@ -25,7 +25,15 @@ def dt_id(dtype):
 
 
 def run(mode, fn, *args):
-    """Call ``fn`` eagerly, or traced into a fresh tf.function; return numpy results."""
+    """Call ``fn`` eagerly, traced into a fresh tf.function, or built into a fresh TF1 graph whose outputs one
+    session.run fetches; return numpy results."""
+    if mode == "graph":
+        values = [(a.numpy(), a.dtype) if isinstance(a, tf.Tensor) else (a, None) for a in args]
+        with tf.Graph().as_default():
+            out = fn(*[tf.constant(v, dtype=d) for v, d in values])
+            config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
+            with tf.compat.v1.Session(config=config) as sess:
+                return sess.run(out)
     out = fn(*args) if mode == "eager" else tf.function(fn)(*args)
     return tf.nest.map_structure(lambda t: t.numpy(), out)
 
@@ -218,7 +226,9 @@ def test_allgather_static_shape_in_function():
         assert y.shape.as_list() == [None, 4], y.shape
         r = hvd.reducescatter(tf.ones([2 * hvd.size() + 1, 4]), op=hvd.Sum)
         assert r.shape.as_list() == [2 + (1 if hvd.rank() == 0 else 0), 4], r.shape
-        o, s = hvd.alltoall(tf.ones([hvd.size(), 4]))
+        o = hvd.alltoall(tf.ones([hvd.size(), 4]))   # without splits: the output alone, as upstream
+        assert o.shape.as_list() == [None, 4]
+        o, s = hvd.alltoall(tf.ones([hvd.size(), 4]), splits=[1] * hvd.size())
         assert o.shape.as_list() == [None, 4] and s.shape.as_list() == [hvd.size()]
         return y
 
@@ -246,7 +256,7 @@ def test_broadcast(dtype, mode):
         np.testing.assert_array_equal(t.numpy(), contrib(rank, (2, 5), dtype).numpy())
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["eager", "function"])
 def test_broadcast_inplace_and_broadcast_variables(mode):
     rank, size = hvd.rank(), hvd.size()
     root = size - 1
@@ -298,11 +308,13 @@ def test_alltoall_with_splits(dtype, mode):
 def test_alltoall_equal_splits(mode):
     rank, size = hvd.rank(), hvd.size()
     t = tf.constant([[rank * 100 + j] for j in range(2 * size)], tf.int64)
-    out, received = run(mode, hvd.alltoall, t)
-    np.testing.assert_array_equal(out[:, 0], [r * 100 + j for r in range(size) for j in (2 * rank, 2 * rank + 1)])
-    np.testing.assert_array_equal(received, [2] * size)
-    out, _ = run(mode, lambda x: hvd.alltoall(x, splits=[2] * size), t)
-    assert out.shape == (2 * size, 1)
+    out = run(mode, hvd.alltoall, t)   # without splits upstream returns the output alone
+    expected = [r * 100 + j for r in range(size) for j in (2 * rank, 2 * rank + 1)]
+    np.testing.assert_array_equal(out[:, 0], expected)
+    for splits in ([2] * size, np.full(size, 2, np.int64), []):   # empty splits: split equally too
+        out, received = run(mode, lambda x, splits=splits: hvd.alltoall(x, splits=splits), t)
+        np.testing.assert_array_equal(out[:, 0], expected)
+        np.testing.assert_array_equal(received, [2] * size)
 
 
 # ------------------------------------------------------------------------------------------------ reducescatter
@@ -342,7 +354,7 @@ def test_unsupported_dtype_raises_locally():
         hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["eager", "function"])
 def test_same_function_many_steps_and_join(mode):
     size = hvd.size()
 

@@ -1,7 +1,8 @@
 """``import horovod.tensorflow as hvd``: Horovod's TensorFlow 2 API on this project's engine.
 
-The collectives work eagerly, inside ``tf.function`` and in TF1 graphs (through ``tf.numpy_function``), with
-upstream's signatures and gradients; see ``docs/tensorflow.md`` and ``horovod.tensorflow.mpi_ops``. Training
+The collectives work eagerly, inside ``tf.function`` and in TF1 graphs (through an op of our own registered with
+TensorFlow's C API), with upstream's signatures, gradients and error types; see ``docs/tensorflow.md`` and
+``horovod.tensorflow.mpi_ops``. Training
 helpers: ``DistributedGradientTape``/``PartialDistributedGradientTape`` (TF2), ``DistributedOptimizer`` (TF1
 optimizers; Keras optimizers go to ``horovod.tensorflow.keras``), ``BroadcastGlobalVariablesHook`` and
 ``broadcast_global_variables`` (TF1), ``SyncBatchNormalization``.
@@ -19,6 +20,7 @@ from horovod.common.process_sets import (  # noqa: F401
     global_process_set,
     remove_process_set,
 )
+from horovod.tensorflow import errors
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (  # noqa: F401
     allgather_object,
@@ -39,7 +41,9 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
     Sum,
     _allreduce,
     _grouped_allreduce,
+    _grouped_reducescatter,
     _reducescatter,
+    _reducescatter_many,
     allgather,
     alltoall,
     broadcast,
@@ -78,18 +82,23 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
 )
 from horovod.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401
+from horovod.tensorflow.util import _cache, _executing_eagerly, _make_subgraph, refs_to_vars, vars_to_refs  # noqa: F401
+
+
+def _check_sparse(op, prescale_factor, postscale_factor) -> None:
+    if op == Adasum:
+        raise errors.UnimplementedError("The Adasum reduction does not currently support sparse tensors. As a "
+                                        "workaround please pass sparse_as_dense=True to DistributedOptimizer")
+    if op not in (Average, Sum):
+        raise errors.UnimplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise errors.UnimplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
 
 
 def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_factor, name, process_set,
                       ignore_name_scope) -> tf.IndexedSlices:
     """Upstream's rule for tf.IndexedSlices: allgather values and indices (Average divides the values)."""
-    if op == Adasum:
-        raise NotImplementedError("The Adasum reduction does not currently support sparse tensors. As a "
-                                  "workaround please pass sparse_as_dense=True to DistributedOptimizer")
-    if op not in (Average, Sum):
-        raise NotImplementedError("Only Average and Sum are supported for sparse tensors.")
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    _check_sparse(op, prescale_factor, postscale_factor)
     values = allgather(tensor.values, name=f"{name}.values" if name else None,
                        ignore_name_scope=ignore_name_scope, process_set=process_set)
     indices = allgather(tensor.indices, name=f"{name}.indices" if name else None,
@@ -97,6 +106,19 @@ def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_f
     if op == Average:
         values = values / tf.cast(size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
+def _grouped_sparse_allreduce(slices: List[tf.IndexedSlices], op, prescale_factor, postscale_factor, name,
+                              process_set, ignore_name_scope) -> List[tf.IndexedSlices]:
+    """Several tf.IndexedSlices as two grouped allgathers (all values, then all indices), as upstream."""
+    _check_sparse(op, prescale_factor, postscale_factor)
+    values = grouped_allgather([t.values for t in slices], name=f"{name}.values" if name else None,
+                               ignore_name_scope=ignore_name_scope, process_set=process_set)
+    indices = grouped_allgather([t.indices for t in slices], name=f"{name}.indices" if name else None,
+                                ignore_name_scope=ignore_name_scope, process_set=process_set)
+    if op == Average:
+        values = [v / tf.cast(size(), v.dtype) for v in values]
+    return [tf.IndexedSlices(v, i, dense_shape=t.dense_shape) for v, i, t in zip(values, indices, slices)]
 
 
 def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
@@ -127,18 +149,20 @@ def grouped_allreduce(tensors, average: Optional[bool] = None, device_dense: str
                       ignore_name_scope: bool = False, name: Optional[str] = None) -> List:
     """Allreduce a list of tensors negotiated and fused as one unit; differentiable.
 
-    tf.IndexedSlices members are reduced as in ``allreduce`` (two allgathers each).
+    tf.IndexedSlices members are reduced as upstream: one grouped allgather of their values, one of their indices.
     """
+    if not tensors:
+        return tensors
     op = handle_average_backwards_compatibility(op, average)
     tensors = list(tensors)
     out: List = [None] * len(tensors)
-    dense = []
-    for i, t in enumerate(tensors):
-        if isinstance(t, tf.IndexedSlices):
-            out[i] = _sparse_allreduce(t, op, prescale_factor, postscale_factor, f"{name}.{i}" if name else None,
-                                       process_set, ignore_name_scope)
-        else:
-            dense.append(i)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        reduced = _grouped_sparse_allreduce([tensors[i] for i in sparse], op, prescale_factor, postscale_factor,
+                                            name, process_set, ignore_name_scope)
+        for i, r in zip(sparse, reduced):
+            out[i] = r
     compressed = [compression.compress(tf.convert_to_tensor(tensors[i])) for i in dense]
     reduced = _grouped_allreduce([c for c, _ in compressed], name=name, op=op, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
@@ -154,8 +178,8 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
     """Reduce across ranks (Sum or Average) and return this rank's block of dim 0 (ranks < n % size get one
     more row); differentiable."""
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    out = _reducescatter([compressed], name, op, prescale_factor, postscale_factor, ignore_name_scope,
-                         process_set, grouped=False)[0]
+    out = _reducescatter_many([compressed], name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                              process_set, grouped=False)[0]
     return compression.decompress(out, ctx)
 
 
@@ -165,6 +189,6 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
                           ignore_name_scope: bool = False) -> List:
     """Reducescatter each tensor of a list, negotiated as one unit; differentiable."""
     compressed = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    outs = _reducescatter([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
-                          ignore_name_scope, process_set, grouped=True)
+    outs = _reducescatter_many([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
+                               ignore_name_scope, process_set, grouped=True)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]

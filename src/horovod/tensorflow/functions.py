@@ -3,37 +3,48 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Optional
 
+import tensorflow as tf
+
 from horovod.common import ops
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow.mpi_ops import _MOVE_DTYPES, _broadcast_many, _name, _tensor, broadcast_
+from horovod.tensorflow.mpi_ops import _MOVE_DTYPES, _broadcast_many, _name, _read, _tensor
+from horovod.tensorflow.util import _executing_eagerly
 
 
 def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = global_process_set,
-                        inplace: bool = False):
-    """Overwrite every variable with ``root_rank``'s value (one fused exchange); returns the assign ops.
+                        inplace: bool = False) -> Optional[tf.Operation]:
+    """Overwrite every variable with ``root_rank``'s value, in one fused exchange.
 
-    ``inplace`` is accepted for upstream compatibility; both forms assign the broadcast values.
+    As upstream: eagerly it assigns at once and returns None; in a graph (TF1 or ``tf.function``) it returns one
+    op that runs the exchange and the assignments. ``inplace`` is accepted for upstream compatibility (both forms
+    assign the broadcast values; there is no extra copy to avoid).
     """
     variables = list(variables)
-    if not variables:
-        return []
-    if inplace:
-        return broadcast_(variables, root_rank, name="broadcast_variables", process_set=process_set)
-    values = [_tensor(v.read_value() if hasattr(v, "read_value") else v, _MOVE_DTYPES, "broadcast_variables")
-              for v in variables]
-    outs = _broadcast_many(values, int(root_rank), _name("broadcast_variables", None), process_set)
-    return [v.assign(o) for v, o in zip(variables, outs)]
+    if variables:
+        values = [_tensor(_read(v), _MOVE_DTYPES, "broadcast_variables") for v in variables]
+        outs = _broadcast_many(values, root_rank, _name("broadcast_variables", None), process_set)
+        assigns = [v.assign(o) for v, o in zip(variables, outs)]
+    else:
+        assigns = []
+    if _executing_eagerly():
+        return None
+    return tf.group(*assigns)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, session=None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Send a picklable object from ``root_rank`` to every rank (``session`` is TF1's and ignored)."""
+    """Send a picklable object from ``root_rank`` to every rank, at once, eagerly or while a graph is built.
+
+    ``session`` is accepted for upstream's TF1 signature: the object goes through the op layer directly, so no
+    session runs anything.
+    """
     return ops.broadcast_object(obj, root_rank, name, process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set) -> Callable[[Any], Any]:
-    """A function ``obj -> broadcast_object(obj, root_rank, ...)``."""
+    """A function ``obj -> broadcast_object(obj, root_rank, ...)`` (upstream builds it for a TF1 session; this one
+    works in graph mode and eagerly alike)."""
     def fn(obj):
         return broadcast_object(obj, root_rank, session, name, process_set)
     return fn

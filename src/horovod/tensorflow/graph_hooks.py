@@ -19,8 +19,8 @@ def broadcast_global_variables(root_rank: int) -> tf.Operation:
             "hvd.broadcast_global_variables() does not support eager execution. "
             "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
         )
-    return tf.group(*broadcast_variables(tf.compat.v1.global_variables(), root_rank),
-                    name="HorovodBroadcastGlobalVariables")
+    with tf.name_scope("HorovodBroadcastGlobalVariables"):
+        return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

@@ -1,9 +1,10 @@
 """``horovod.tensorflow`` collectives on TF tensors, eager and inside ``tf.function``, with upstream's gradients.
 
 Eagerly, a collective hands ``np.asarray(tensor)`` (a view of CPU tensors' memory) to the op layer and wraps the
-result in a tensor. Inside ``tf.function`` the same Python body runs at execution time through
-``tf.numpy_function`` (stateful, so TF neither prunes nor merges it, and automatic control dependencies keep
-the collectives of one function in program order on every rank); output shapes are set where they are known.
+result in a tensor. In a graph the same Python body runs at execution time in a ``HorovodCollective`` op (a
+kernel registered through TensorFlow's C API, ``kernel.py``), placed so that no graph can deadlock
+(``graph_call.py``); output shapes are set where they are known. Errors are upstream's ``tf.errors`` classes
+(``errors.py``).
 
 Tensor names, which every rank must submit in the same order:
 
@@ -14,13 +15,12 @@ Tensor names, which every rank must submit in the same order:
 
 Gradients follow upstream: allreduce -> allreduce of the gradient with the same op and scale factors;
 allgather -> the gradient averaged across ranks, then this rank's rows; broadcast -> the gradient averaged,
-zero on non-root ranks; alltoall -> alltoall of the gradient with the received splits; reducescatter ->
-allgather of the gradient, scaled like the forward.
+zero on non-root ranks; alltoall -> alltoall of the gradient with the received splits; reducescatter -> the
+gradient times the set size (op Sum only), times the prescale and postscale factors, then allgathered.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, List, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +55,10 @@ from horovod.common.exceptions import HorovodInternalError  # noqa: F401
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
 from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
+from horovod.tensorflow import errors
+from horovod.tensorflow.graph_call import call as _call
+from horovod.tensorflow.graph_call import collective_chain  # noqa: F401  (re-exported)
+from horovod.tensorflow.util import _executing_eagerly
 
 try:
     from tensorflow.python.eager.record import could_possibly_record as _could_possibly_record
@@ -78,16 +82,23 @@ def check_num_rank_power_of_2(num_rank: int) -> bool:
 def _check(tensor: tf.Tensor, allowed: set, what: str) -> None:
     if tensor.dtype not in allowed:
         names = ", ".join(sorted(d.name for d in allowed))
-        raise ValueError(f"Tensor type {tensor.dtype.name} is not supported by {what}. Supported types: {names}. "
-                         "Cast the tensor (for example tf.cast(t, tf.float32)) before the collective.")
+        raise errors.InvalidArgumentError(
+            f"Tensor type {tensor.dtype.name} is not supported by {what}. Supported types: {names}. "
+            "Cast the tensor (for example tf.cast(t, tf.float32)) before the collective.")
 
 
 def _tensor(value, allowed: set, what: str) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
-        raise ValueError(f"{what} does not take tf.IndexedSlices; use allreduce, or tf.convert_to_tensor first.")
+        raise errors.InvalidArgumentError(f"{what} does not take tf.IndexedSlices; use allreduce, or "
+                                          "tf.convert_to_tensor first.")
     tensor = tf.convert_to_tensor(value)
     _check(tensor, allowed, what)
     return tensor
+
+
+def _read(variable) -> tf.Tensor:
+    """The current value of a tf.Variable, a Keras variable or a tensor."""
+    return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(variable)
 
 
 def _name(op: str, name: Optional[str], ignore_name_scope: bool = False) -> str:
@@ -99,104 +110,6 @@ def _name(op: str, name: Optional[str], ignore_name_scope: bool = False) -> str:
         return ops.tensor_name(op, None)
     node = "Horovod" + "".join(part.capitalize() for part in op.split("_"))
     return f"{op}.{tf.compat.v1.get_default_graph().unique_name(node)}"
-
-
-def _array(value) -> np.ndarray:
-    """A C-contiguous numpy array of an eager tensor or of a numpy input. ``np.asarray`` of a CPU eager tensor is
-    a read-only view of its memory (``tensor.numpy()`` copies in TF 2.21: 35 ms for 64 MB). Some tensors (seen
-    with bfloat16) refuse ``__array__``; those are copied."""
-    try:
-        arr = np.asarray(value)
-    except ValueError:
-        arr = np.asarray(value.numpy())
-    return arr if arr.flags.c_contiguous else arr.copy()   # np.ascontiguousarray would turn 0-d into 1-d
-
-
-_ALIGN = 64                   # TF's EIGEN_MAX_ALIGN_BYTES: tensors wrapping foreign memory must be this aligned
-_DLPACK_MIN_BYTES = 1 << 16   # below this a copy is cheaper than the DLPack round trip
-
-
-def _aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def _to_tensor(arr: np.ndarray, dtype: tf.DType) -> tf.Tensor:
-    """An eager tensor of ``arr``: zero-copy (DLPack) for large 64-byte-aligned arrays, else a copy."""
-    if (arr.nbytes >= _DLPACK_MIN_BYTES and arr.flags.c_contiguous and arr.ctypes.data % _ALIGN == 0
-            and arr.dtype == dtype.as_numpy_dtype and dtype != tf.bfloat16):
-        try:
-            return tf.experimental.dlpack.from_dlpack(arr.__dlpack__())
-        except Exception:  # a dtype DLPack cannot carry: fall back to the copy
-            pass
-    return tf.convert_to_tensor(arr, dtype=dtype)
-
-
-def _call(compute: Callable[..., List[np.ndarray]], inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType],
-          node: str) -> List[tf.Tensor]:
-    """Run ``compute`` (numpy arrays -> list of numpy arrays) now when eager, at execution time in a graph."""
-    if tf.executing_eagerly():
-        results = compute(*[_array(t) for t in inputs])
-        return [_to_tensor(np.asarray(r), d) for r, d in zip(results, tout)]
-
-    def body(*arrays):
-        results = compute(*[_array(a) for a in arrays])
-        return [np.asarray(r, dtype=d.as_numpy_dtype) for r, d in zip(results, tout)]
-
-    outs = _chained_numpy_function(body, list(inputs), list(tout), node)
-    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
-
-
-def _chained_numpy_function(body, inputs, tout, node):
-    """``tf.numpy_function`` with a control dependency on the previous collective of the same graph.
-
-    Automatic control dependencies order stateful ops inside a ``tf.function`` body, but not in every graph TF
-    builds (the backward function of a ``tf.function`` called under an eager tape has none). Collectives that
-    block on an inter-op thread each, in a different order on each rank, can exhaust the thread pool and
-    deadlock; chaining them in creation order (a topological order, so no cycle) rules that out.
-
-    Function graphs run every stateful op on each call, so the chain adds no work there. A TF1 ``tf.Graph`` runs
-    only what a ``session.run`` fetch needs: there a chain over the whole graph would make, say, the variable
-    broadcast run (and need the feeds of) the gradient allreduce built before it. So in a TF1 graph only the
-    collectives built inside one :func:`collective_chain` block (one optimizer step's allreduces) are chained.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    chained = getattr(graph, "building_function", False) or getattr(graph, "_horovod_chain_depth", 0) > 0
-    previous = getattr(graph, "_horovod_last_collective", None) if chained else None
-    with tf.control_dependencies([previous] if previous is not None else []):
-        outs = tf.numpy_function(body, inputs, tout, stateful=True, name=node)
-    first = outs[0] if isinstance(outs, (list, tuple)) else outs
-    if chained:
-        graph._horovod_last_collective = first.op
-    return outs
-
-
-@contextlib.contextmanager
-def collective_chain() -> Iterator[None]:
-    """Chain the collectives built inside this block in creation order, in a TF1 graph too (a fresh chain that
-    does not depend on collectives built before the block); a no-op eagerly and in function graphs, which are
-    always chained."""
-    if tf.executing_eagerly():
-        yield
-        return
-    graph = tf.compat.v1.get_default_graph()
-    if getattr(graph, "building_function", False):
-        yield
-        return
-    depth = getattr(graph, "_horovod_chain_depth", 0)
-    graph._horovod_chain_depth = depth + 1
-    if depth == 0:
-        graph._horovod_last_collective = None
-    try:
-        yield
-    finally:
-        graph._horovod_chain_depth = depth
-        if depth == 0:
-            graph._horovod_last_collective = None
 
 
 def _apply(fwd: Callable, *tensors):
@@ -229,14 +142,19 @@ def _zeros_for_none(grads, like):
     return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
 
 
+def _no_adasum(op: ReduceOp) -> ReduceOp:
+    op = ReduceOp(op)
+    if op == Adasum:
+        raise errors.UnimplementedError("The Adasum reduction is not available in this release yet; use "
+                                        "op=Average or Sum.")
+    return op
+
+
 # ---------------------------------------------------------------------------------------------- size ops
-def _scalar_op(value_fn: Callable[[], int], name: Optional[str], collective: bool = False) -> tf.Tensor:
+def _scalar_op(value_fn: Callable[[], int], name: Optional[str]) -> tf.Tensor:
     if tf.executing_eagerly():
         return tf.constant(value_fn(), dtype=tf.int32)
-    if collective:
-        out = _chained_numpy_function(lambda: np.int32(value_fn()), [], tf.int32, name)
-    else:
-        out = tf.numpy_function(lambda: np.int32(value_fn()), [], tf.int32, stateful=True, name=name or "HorovodSize")
+    out = tf.numpy_function(lambda: np.int32(value_fn()), [], tf.int32, stateful=True, name=name or "HorovodSize")
     out.set_shape([])
     return out
 
@@ -274,13 +192,12 @@ def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Differentiable allreduce of one dense tensor (the op layer's op; Average divides by the set size)."""
     tensor = _tensor(tensor, _REDUCE_DTYPES, "allreduce")
-    if ReduceOp(op) == Adasum:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
+    op = _no_adasum(op)
     full = _name("allreduce", name, ignore_name_scope)
 
     def fwd(x):
-        def compute(a):
-            out = _aligned_empty(a.shape, a.dtype)
+        def compute(outputs, a):
+            out = outputs.empty(0, a.shape, a.dtype)
             return [ops.allreduce_async(a, out, full, op, prescale_factor, postscale_factor, process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodAllreduce")[0], x.shape)
@@ -300,13 +217,12 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
     tensors = [_tensor(t, _REDUCE_DTYPES, "grouped_allreduce") for t in tensors]
     if not tensors:
         return []
-    if ReduceOp(op) == Adasum:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
+    op = _no_adasum(op)
     base = _name("grouped_allreduce", name, ignore_name_scope)
 
     def fwd(*xs):
-        def compute(*arrays):
-            outs = [_aligned_empty(a.shape, a.dtype) for a in arrays]
+        def compute(outputs, *arrays):
+            outs = [outputs.empty(i, a.shape, a.dtype) for i, a in enumerate(arrays)]
             return _wait_all(ops.grouped_allreduce_async(list(arrays), outs, base, op, prescale_factor,
                                                          postscale_factor, process_set))
 
@@ -326,7 +242,7 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
 # ---------------------------------------------------------------------------------------------- allgather
 def _gather_grad_compute(rank_: int, names: List[str], dims_names: List[str], process_set):
     """Backward of (grouped) allgather in one callback: average each gradient, keep this rank's rows."""
-    def compute(*arrays):
+    def compute(outputs, *arrays):
         n = len(arrays) // 2
         grads, dims = arrays[:n], arrays[n:]
         reduced = [ops.allreduce_async(g, None, nm, Average, process_set=process_set) for g, nm in zip(grads, names)]
@@ -336,7 +252,7 @@ def _gather_grad_compute(rank_: int, names: List[str], dims_names: List[str], pr
         for r, g in zip(reduced, gathered):
             full, all_dims = r.wait(), g.wait()
             offset = int(all_dims[:rank_].sum())
-            outs.append(full[offset:offset + int(all_dims[rank_])].copy())
+            outs.append(full[offset:offset + int(all_dims[rank_])])
         return outs
     return compute
 
@@ -350,17 +266,22 @@ def _allgather_grads(dys, xs, ignore_name_scope, process_set):
     return [_set_shape(o, x.shape) for o, x in zip(outs, xs)]
 
 
+def _at_least_1d(tensors, what: str) -> None:
+    if any(t.shape.rank == 0 for t in tensors):
+        raise errors.InvalidArgumentError(f"{what} does not support scalar inputs: give the tensor a first "
+                                          "dimension (for example tf.reshape(t, [1])).")
+
+
 def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks); differentiable."""
     tensor = _tensor(tensor, _MOVE_DTYPES, "allgather")
-    if tensor.shape.rank == 0:
-        raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
+    _at_least_1d([tensor], "Allgather")
     full = _name("allgather", name, ignore_name_scope)
 
     def fwd(x):
-        def compute(a):
-            return [ops.allgather_async(a, full, _aligned_empty, process_set=process_set).wait()]
+        def compute(outputs, a):
+            return [ops.allgather_async(a, full, outputs.allocator(0), process_set=process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodAllgather")[0], _rows_shape(x.shape))
 
@@ -378,13 +299,13 @@ def grouped_allgather(tensors, name: Optional[str] = None, ignore_name_scope: bo
     tensors = [_tensor(t, _MOVE_DTYPES, "grouped_allgather") for t in tensors]
     if not tensors:
         return []
-    if any(t.shape.rank == 0 for t in tensors):
-        raise ValueError("allgather needs tensors with at least one dimension.")
+    _at_least_1d(tensors, "Allgather")
     base = _name("grouped_allgather", name, ignore_name_scope)
 
     def fwd(*xs):
-        def compute(*arrays):
-            return _wait_all(ops.grouped_allgather_async(list(arrays), base, _aligned_empty, process_set=process_set))
+        def compute(outputs, *arrays):
+            allocators = [outputs.allocator(i) for i in range(len(arrays))]
+            return _wait_all(ops.grouped_allgather_async(list(arrays), base, allocators, process_set=process_set))
 
         outs = _call(compute, xs, [x.dtype for x in xs], "HorovodGroupedAllgather")
         outs = [_set_shape(o, _rows_shape(x.shape)) for o, x in zip(outs, xs)]
@@ -398,16 +319,24 @@ def grouped_allgather(tensors, name: Optional[str] = None, ignore_name_scope: bo
 
 
 # ---------------------------------------------------------------------------------------------- broadcast
+def _check_root(root_rank) -> int:
+    root_rank = int(root_rank)
+    if not 0 <= root_rank < size():
+        raise errors.InvalidArgumentError(f"broadcast received invalid root rank {root_rank}: the job has {size()} "
+                                          f"ranks (valid roots are 0..{size() - 1}).")
+    return root_rank
+
+
 def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Return ``root_rank``'s ``tensor`` (a global rank) on every rank; differentiable."""
     tensor = _tensor(tensor, _MOVE_DTYPES, "broadcast")
+    root_rank = _check_root(root_rank)
     full = _name("broadcast", name, ignore_name_scope)
-    root_rank = int(root_rank)
 
     def fwd(x):
-        def compute(a):
-            out = _aligned_empty(a.shape, a.dtype)
+        def compute(outputs, a):
+            out = outputs.empty(0, a.shape, a.dtype)
             return [ops.broadcast_async(a, root_rank, out, full, process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodBroadcast")[0], x.shape)
@@ -423,10 +352,12 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_sc
 
 def _broadcast_many(tensors: List[tf.Tensor], root_rank: int, base: str, process_set) -> List[tf.Tensor]:
     """Broadcast several tensors in one callback (all started, then awaited: the engine fuses them)."""
+    root_rank = _check_root(root_rank)
     names = [f"{base}.{i}" for i in range(len(tensors))]
 
-    def compute(*arrays):
-        handles = [ops.broadcast_async(a, root_rank, None, n, process_set) for a, n in zip(arrays, names)]
+    def compute(outputs, *arrays):
+        handles = [ops.broadcast_async(a, root_rank, outputs.empty(i, a.shape, a.dtype), n, process_set)
+                   for i, (a, n) in enumerate(zip(arrays, names))]
         return [h.wait() for h in handles]
 
     outs = _call(compute, tensors, [t.dtype for t in tensors], "HorovodBroadcastInplace")
@@ -434,48 +365,59 @@ def _broadcast_many(tensors: List[tf.Tensor], root_rank: int, base: str, process
 
 
 def broadcast_(variables, root_rank: int, name: Optional[str] = None,
-               process_set: ProcessSet = global_process_set):
-    """Overwrite each variable with ``root_rank``'s value; returns the variables' new values."""
+               process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
+    """Overwrite each variable with ``root_rank``'s value (one fused exchange); returns the variables' new values,
+    as upstream (in a graph, reading them runs the broadcast)."""
     variables = list(variables) if isinstance(variables, (list, tuple)) else [variables]
     if not variables:
         return []
-    values = [_tensor(v.read_value() if hasattr(v, "read_value") else v, _MOVE_DTYPES, "broadcast_")
-              for v in variables]
-    outs = _broadcast_many(values, int(root_rank), _name("broadcast_", name), process_set)
-    return [v.assign(o) for v, o in zip(variables, outs)]
+    values = [_tensor(_read(v), _MOVE_DTYPES, "broadcast_") for v in variables]
+    outs = _broadcast_many(values, root_rank, _name("broadcast_", name), process_set)
+    assigns = [v.assign(o) for v, o in zip(variables, outs) if hasattr(v, "assign")]
+    if _executing_eagerly():
+        return [_read(v) if hasattr(v, "assign") else o for v, o in zip(variables, outs)]
+    with tf.control_dependencies(assigns):
+        return [_read(v) if hasattr(v, "assign") else tf.identity(o) for v, o in zip(variables, outs)]
 
 
 # ---------------------------------------------------------------------------------------------- alltoall
 def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set):
-    """Send ``splits[j]`` rows to rank j (dim 0 split equally without splits); returns
-    ``(output, received_splits)``; differentiable in ``tensor``."""
+    """Send ``splits[j]`` rows to rank j (dim 0 split equally without splits, or with empty splits).
+
+    Returns ``(output, received_splits)`` when ``splits`` is given, else only ``output`` (as upstream);
+    differentiable in ``tensor``.
+    """
     tensor = _tensor(tensor, _MOVE_DTYPES, "alltoall")
-    if tensor.shape.rank == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension.")
-    splits_t = (tf.zeros([0], tf.int32) if splits is None
-                else tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32))
+    _at_least_1d([tensor], "Alltoall")
+    if splits is None:
+        splits_t = tf.zeros([0], tf.int32)
+    else:
+        splits_t = tf.convert_to_tensor(splits)
+        if not (splits_t.dtype.is_integer or splits_t.shape.num_elements() == 0):
+            raise errors.InvalidArgumentError(f"alltoall splits must be integers, got {splits_t.dtype.name}.")
+        splits_t = tf.reshape(tf.cast(splits_t, tf.int32), [-1])
     full = _name("alltoall", name, ignore_name_scope)
     n = size()
+    received_out: List[tf.Tensor] = []
 
-    def fwd(x, s):
-        def compute(a, sp):
-            out, received = ops.alltoall_async(a, None if sp.size == 0 else sp.tolist(), full,
-                                               process_set=process_set).wait()
-            return [out, np.asarray(received, np.int32)]
+    def compute(outputs, a, sp):
+        out, received = ops.alltoall_async(a, sp.tolist() if sp.size else None, full,
+                                           allocate=outputs.allocator(0), process_set=process_set).wait()
+        return [out, np.asarray(received, np.int32)]
 
-        out, received = _call(compute, [x, s], [x.dtype, tf.int32], "HorovodAlltoall")
-        out = _set_shape(out, _rows_shape(x.shape))
-        received = _set_shape(received, [n])
+    def fwd(x):
+        out, received = _call(compute, [x, splits_t], [x.dtype, tf.int32], "HorovodAlltoall")
+        received_out.append(_set_shape(received, [n]))
 
-        def grad(dy, _dreceived):
+        def grad(dy):
             back, _ = alltoall(dy, received, ignore_name_scope=ignore_name_scope, process_set=process_set)
-            return back, None
+            return back
 
-        return (out, received), grad
+        return _set_shape(out, _rows_shape(x.shape)), grad
 
-    out, received = _apply(fwd, tensor, splits_t)
-    return out, received
+    out = _apply(fwd, tensor)
+    return (out, received_out[0]) if splits is not None else out
 
 
 # ---------------------------------------------------------------------------------------------- reducescatter
@@ -486,47 +428,71 @@ def _scatter_rows(shape: tf.TensorShape):
     return shape[0] // n + (1 if r < shape[0] % n else 0)
 
 
-def _reducescatter_grads(dys, xs, op, scale, ignore_name_scope, process_set):
-    factor = scale / (size() if ReduceOp(op) == Average else 1)
+def _reducescatter_grads(dys, xs, op, prescale_factor, postscale_factor, ignore_name_scope, process_set):
+    """Upstream's backward: the gradient times the set size (op Sum), times the prescale and postscale factors,
+    then allgathered."""
+    if op == Sum:
+        dys = [d * size() for d in dys]
+    if prescale_factor != 1.0:
+        dys = [d * prescale_factor for d in dys]
+    if postscale_factor != 1.0:
+        dys = [d * postscale_factor for d in dys]
     base = _name("grouped_allgather", None, ignore_name_scope)
 
-    def compute(*arrays):
-        return _wait_all(ops.grouped_allgather_async(list(arrays), base, process_set=process_set))
+    def compute(outputs, *arrays):
+        allocators = [outputs.allocator(i) for i in range(len(arrays))]
+        return _wait_all(ops.grouped_allgather_async(list(arrays), base, allocators, process_set=process_set))
 
     outs = _call(compute, dys, [d.dtype for d in dys], "HorovodReducescatterGrad")
-    outs = [_set_shape(o, x.shape) for o, x in zip(outs, xs)]
-    return [o * tf.cast(factor, o.dtype) if factor != 1 else o for o in outs]
+    return [_set_shape(o, x.shape) for o, x in zip(outs, xs)]
 
 
-def _reducescatter(tensors, name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set,
-                   grouped: bool):
+def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set,
+                        grouped: bool) -> List[tf.Tensor]:
     what = "grouped_reducescatter" if grouped else "reducescatter"
     tensors = [_tensor(t, _REDUCE_DTYPES, what) for t in tensors]
+    _at_least_1d(tensors, "Reducescatter")
     op = ReduceOp(op)
     if op not in (Sum, Average):
-        raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
-    if any(t.shape.rank == 0 for t in tensors):
-        raise ValueError("reducescatter needs tensors with at least one dimension.")
+        raise errors.AbortedError(f"Reducescatter currently only supports AVERAGE and SUM, not "
+                                  f"{op.name.capitalize()}; pass op=hvd.Sum or op=hvd.Average.")
     base = _name(what, name, ignore_name_scope)
 
     def fwd(*xs):
-        def compute(*arrays):
+        def compute(outputs, *arrays):
             if grouped:
+                allocators = [outputs.allocator(i) for i in range(len(arrays))]
                 return _wait_all(ops.grouped_reducescatter_async(list(arrays), base, op, prescale_factor,
-                                                                 postscale_factor, process_set=process_set))
+                                                                 postscale_factor, allocators, process_set))
             return [ops.reducescatter_async(arrays[0], base, op, prescale_factor, postscale_factor,
-                                            _aligned_empty, process_set=process_set).wait()]
+                                            outputs.allocator(0), process_set=process_set).wait()]
 
         outs = _call(compute, xs, [x.dtype for x in xs], "HorovodReducescatter")
         outs = [_set_shape(o, _rows_shape(x.shape, _scatter_rows(x.shape))) for o, x in zip(outs, xs)]
 
         def grad(*dys):
-            return _reducescatter_grads(_zeros_for_none(dys, outs), xs, op, prescale_factor * postscale_factor,
+            return _reducescatter_grads(_zeros_for_none(dys, outs), xs, op, prescale_factor, postscale_factor,
                                         ignore_name_scope, process_set)
 
         return outs, grad
 
     return list(_apply(fwd, *tensors)) if tensors else []
+
+
+def _reducescatter(tensor, name: Optional[str] = None, op: ReduceOp = Sum, ignore_name_scope: bool = False,
+                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                   postscale_factor: float = 1.0) -> tf.Tensor:
+    """Upstream's ``mpi_ops._reducescatter`` (op Sum by default): reduce, keep this rank's block; differentiable."""
+    return _reducescatter_many([tensor], name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                               process_set, grouped=False)[0]
+
+
+def _grouped_reducescatter(tensors, name: Optional[str] = None, op: ReduceOp = Sum, ignore_name_scope: bool = False,
+                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                           postscale_factor: float = 1.0) -> List[tf.Tensor]:
+    """Upstream's ``mpi_ops._grouped_reducescatter`` (op Sum by default); differentiable."""
+    return _reducescatter_many(list(tensors), name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                               process_set, grouped=True)
 
 
 # ---------------------------------------------------------------------------------------------- control
@@ -535,4 +501,7 @@ def join() -> tf.Tensor:
 
     While joined, this rank contributes zeros to the other ranks' allreduces.
     """
-    return _scalar_op(lambda: ops.join_async().wait(), "HorovodJoin", collective=True)
+    def compute(outputs):
+        return [np.asarray(ops.join_async().wait(), np.int32)]
+
+    return _set_shape(_call(compute, [], [tf.int32], "HorovodJoin")[0], [])
