@@ -125,11 +125,12 @@ def test_learning_rate_schedule_staircase_and_momentum_correction():
     record = Record()
     x, y = data(rows=8)
     schedule = [hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5, start_epoch=1,
-                                                           end_epoch=2),
-                hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=lambda e: 0.1, start_epoch=2)]
-    model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[*schedule, record])
-    np.testing.assert_allclose(record.lrs, [0.1, 0.1, 0.05, 0.05, 0.01, 0.01], rtol=1e-6)
-    assert record.epoch_logs[2]["lr"] == pytest.approx(0.01, rel=1e-6)
+                                                           end_epoch=4),
+                hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=lambda e: 0.1, start_epoch=4)]
+    model.fit(x, y, batch_size=4, epochs=5, verbose=0, callbacks=[*schedule, record])
+    # A constant multiplier decays exponentially from start_epoch (upstream's code): 0.5**0, 0.5**1, 0.5**2.
+    np.testing.assert_allclose(record.lrs, [0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.01, 0.01], rtol=1e-6)
+    assert record.epoch_logs[4]["lr"] == pytest.approx(0.01, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["SGD", "RMSprop"])
@@ -144,7 +145,7 @@ def test_momentum_correction_scales_the_momentum_slots_once(name):
     before = [keras.ops.convert_to_numpy(m).copy() for m in slots]
     callback = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.25)
     callback.set_model(model)
-    callback.on_epoch_begin(0)
+    callback.on_epoch_begin(1)          # 0.1 * 0.25 ** (1 - 0)
     callback.on_batch_begin(0)
     assert float(keras.ops.convert_to_numpy(optimizer.learning_rate)) == pytest.approx(0.025)
     for b, m in zip(before, slots):

@@ -153,13 +153,14 @@ def test_schedule_corrects_a_legacy_momentum_for_one_batch():
     record = Record()
     x, y = data(rows=8)
     schedule = [hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5, start_epoch=1,
-                                                           end_epoch=2),
-                hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=lambda e: 0.1, start_epoch=2)]
-    model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[*schedule, record])
-    np.testing.assert_allclose(record.lrs, [0.1, 0.1, 0.05, 0.05, 0.01, 0.01], rtol=1e-6)
+                                                           end_epoch=4),
+                hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=lambda e: 0.1, start_epoch=4)]
+    model.fit(x, y, batch_size=4, epochs=5, verbose=0, callbacks=[*schedule, record])
+    # A constant multiplier decays exponentially from start_epoch (upstream's code): 0.5**0, 0.5**1, 0.5**2.
+    np.testing.assert_allclose(record.lrs, [0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.025, 0.025, 0.01, 0.01], rtol=1e-6)
     # As upstream: momentum * new_lr / old_lr during the batch of each change, then 0.9 again.
-    np.testing.assert_allclose(record.momentums, [0.9, 0.9, 0.45, 0.9, 0.18, 0.9], rtol=1e-6)
-    assert record.momentums_after[-1] == pytest.approx(0.9) and record.epoch_logs[2]["lr"] == pytest.approx(0.01)
+    np.testing.assert_allclose(record.momentums, [0.9, 0.9, 0.9, 0.9, 0.45, 0.9, 0.45, 0.9, 0.36, 0.9], rtol=1e-6)
+    assert record.momentums_after[-1] == pytest.approx(0.9) and record.epoch_logs[4]["lr"] == pytest.approx(0.01)
 
 
 def test_momentum_correction_scales_a_v2_optimizers_slots():
@@ -172,7 +173,7 @@ def test_momentum_correction_scales_a_v2_optimizers_slots():
     before = [m.numpy().copy() for m in slots]
     callback = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.25)
     callback.set_model(model)
-    callback.on_epoch_begin(0)
+    callback.on_epoch_begin(1)          # 0.1 * 0.25 ** (1 - 0)
     callback.on_batch_begin(0)
     assert float(K.get_value(optimizer.lr)) == pytest.approx(0.025)
     for b, m in zip(before, slots):

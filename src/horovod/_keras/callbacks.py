@@ -155,8 +155,9 @@ def _scale_momentum_slots(optimizer: Any, ratio: float) -> None:
 class LearningRateScheduleCallback(_Callback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in [``start_epoch``, ``end_epoch``).
 
-    A constant ``multiplier`` gives ``initial_lr * multiplier`` from each epoch's first batch (staircase), as
-    upstream's code does (``multiplier=1e-1`` for epochs 30-60 means a tenth of ``initial_lr``). A callable is
+    A constant ``multiplier`` is exponential decay, as in upstream's code: ``initial_lr * multiplier ** (epoch -
+    start_epoch)`` from each epoch's first batch (staircase). (Upstream's docstring says ``initial_lr *
+    multiplier``; programs got the power, so that is what is kept.) A callable is
     ``f(epoch)``; without ``staircase`` it is called every batch with a fractional epoch. ``momentum_correction``
     scales the momentum by new_lr / old_lr for the step of each change: a tf_keras legacy optimizer's
     ``momentum`` hyperparameter for that batch (as upstream), the momentum slots otherwise. ``logs["lr"]`` gets
@@ -181,7 +182,7 @@ class LearningRateScheduleCallback(_Callback):
             self.multiplier = multiplier
         else:
             self.staircase = True
-            self.multiplier = lambda epoch: multiplier
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def _autodetect_steps_per_epoch(self) -> int:
         if self.params.get("steps"):
