@@ -16,7 +16,7 @@ JOB_TIMEOUT = 240
 PER_TEST_TIMEOUT = ["--timeout=60"]
 EXPECTED = {"test_tensorflow_ops.py", "test_tensorflow_grads.py", "test_tensorflow_errors.py", "test_tensorflow_tf1.py",
             "test_tensorflow_partial_tape.py", "test_tensorflow_sync_batch_norm.py", "test_tensorflow_keras.py",
-            "test_tensorflow_graph_mode.py"}
+            "test_tensorflow_graph_mode.py", "test_tensorflow_scale_factors.py"}
 # Quiet TF's C++ start-up logging in the ranks' output.
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 

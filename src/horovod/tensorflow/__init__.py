@@ -42,6 +42,7 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
     _allreduce,
     _grouped_allreduce,
     _grouped_reducescatter,
+    _no_autograph,
     _reducescatter,
     _reducescatter_many,
     allgather,
@@ -87,12 +88,18 @@ from horovod.tensorflow.util import _cache, _executing_eagerly, _make_subgraph, 
 
 def _check_sparse(op, prescale_factor, postscale_factor) -> None:
     if op == Adasum:
-        raise errors.UnimplementedError("The Adasum reduction does not currently support sparse tensors. As a "
-                                        "workaround please pass sparse_as_dense=True to DistributedOptimizer")
+        raise errors.make(errors.UnimplementedError, (
+            "The Adasum reduction does not currently support sparse tensors. As a "
+            "workaround please pass sparse_as_dense=True to DistributedOptimizer"
+        ))
     if op not in (Average, Sum):
-        raise errors.UnimplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+        raise errors.make(errors.UnimplementedError, (
+            "Only Sum and Average ops are supported with tf.IndexedSlices"
+        ))
     if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise errors.UnimplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+        raise errors.make(errors.UnimplementedError, (
+            "Pre/postscale_factor are not supported with tf.IndexedSlices"
+        ))
 
 
 def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_factor, name, process_set,
@@ -121,6 +128,7 @@ def _grouped_sparse_allreduce(slices: List[tf.IndexedSlices], op, prescale_facto
     return [tf.IndexedSlices(v, i, dense_shape=t.dense_shape) for v, i, t in zip(values, indices, slices)]
 
 
+@_no_autograph
 def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
               compression=Compression.none, op=None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               name: Optional[str] = None, process_set: ProcessSet = global_process_set,
@@ -143,6 +151,7 @@ def allreduce(tensor, average: Optional[bool] = None, device_dense: str = "", de
     return compression.decompress(reduced, ctx)
 
 
+@_no_autograph
 def grouped_allreduce(tensors, average: Optional[bool] = None, device_dense: str = "", device_sparse: str = "",
                       compression=Compression.none, op=None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
@@ -172,6 +181,7 @@ def grouped_allreduce(tensors, average: Optional[bool] = None, device_dense: str
     return out
 
 
+@_no_autograph
 def reducescatter(tensor, device_dense: str = "", compression=Compression.none, op=Average,
                   name: Optional[str] = None, process_set: ProcessSet = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0, postscale_factor: float = 1.0):
@@ -183,6 +193,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
     return compression.decompress(out, ctx)
 
 
+@_no_autograph
 def grouped_reducescatter(tensors, device_dense: str = "", compression=Compression.none, op=Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0, name: Optional[str] = None,

@@ -7,7 +7,9 @@ for a reducescatter op other than Sum and Average, and ``UnknownError`` when the
 lost). The op layer raises ValueError and HorovodInternalError; here they become those ``tf.errors`` classes.
 
 Each class raised also keeps the op layer's type (``InvalidArgumentError`` is a ValueError; the negotiation and job
-failures are HorovodInternalErrors), so code that catches either kind keeps working.
+failures are HorovodInternalErrors), so code that catches either kind keeps working. They take TensorFlow's
+arguments ``(node_def, op, message)``, so that autograph can re-raise them from a traced function unchanged; build
+them with :func:`make`.
 """
 from __future__ import annotations
 
@@ -22,43 +24,30 @@ from horovod.common.exceptions import NOT_INITIALIZED_MESSAGE, HorovodInternalEr
 class FailedPreconditionError(tf.errors.FailedPreconditionError, HorovodInternalError):
     """The ranks disagree about a collective (upstream's precondition error); also a HorovodInternalError."""
 
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message, *args)
-
 
 class InvalidArgumentError(tf.errors.InvalidArgumentError, ValueError):
     """An argument this rank can reject alone; also a ValueError."""
-
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.InvalidArgumentError.__init__(self, None, None, message, *args)
 
 
 class AbortedError(tf.errors.AbortedError, ValueError):
     """Upstream's status for a reduction a collective does not support; also a ValueError."""
 
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.AbortedError.__init__(self, None, None, message, *args)
-
 
 class UnimplementedError(tf.errors.UnimplementedError, NotImplementedError):
     """A feature this release does not have; also a NotImplementedError."""
-
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.UnimplementedError.__init__(self, None, None, message, *args)
 
 
 class NotInitializedError(tf.errors.FailedPreconditionError, ValueError):
     """A collective before ``hvd.init()`` (upstream's precondition error); also the ValueError of the basics."""
 
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.FailedPreconditionError.__init__(self, None, None, message, *args)
-
 
 class UnknownError(tf.errors.UnknownError, HorovodInternalError):
     """The job failed (shut down, a peer lost, a data-plane error); also a HorovodInternalError."""
 
-    def __init__(self, message: str, *args) -> None:
-        tf.errors.UnknownError.__init__(self, None, None, message, *args)
+
+def make(cls, message: str) -> tf.errors.OpError:
+    """An instance of one of these classes (or of a ``tf.errors`` class) with ``message``."""
+    return cls(None, None, message)
 
 
 # What the coordinator reports when the ranks' requests for a tensor disagree (horovod/common/controller.py).
@@ -78,11 +67,11 @@ def translate(exc: BaseException) -> BaseException:
         return exc
     message = str(exc)
     if isinstance(exc, HorovodInternalError):
-        return FailedPreconditionError(message) if is_negotiation_error(exc) else UnknownError(message)
+        return make(FailedPreconditionError if is_negotiation_error(exc) else UnknownError, message)
     if isinstance(exc, ValueError):
-        return NotInitializedError(message) if message == NOT_INITIALIZED_MESSAGE else InvalidArgumentError(message)
+        return make(NotInitializedError if message == NOT_INITIALIZED_MESSAGE else InvalidArgumentError, message)
     if isinstance(exc, NotImplementedError):
-        return UnimplementedError(message)
+        return make(UnimplementedError, message)
     return exc
 
 

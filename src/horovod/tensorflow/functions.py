@@ -7,10 +7,11 @@ import tensorflow as tf
 
 from horovod.common import ops
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow.mpi_ops import _MOVE_DTYPES, _broadcast_many, _name, _read, _tensor
+from horovod.tensorflow.mpi_ops import _MOVE_DTYPES, _broadcast_many, _name, _no_autograph, _read, _tensor
 from horovod.tensorflow.util import _executing_eagerly
 
 
+@_no_autograph
 def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Optional[tf.Operation]:
     """Overwrite every variable with ``root_rank``'s value, in one fused exchange.

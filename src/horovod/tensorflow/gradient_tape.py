@@ -67,12 +67,13 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
     return reduce_grads
 
 
-def _scale_local(grad, factor: float):
-    if grad is None or factor == 1.0:
+def _scale_local(grad, divisor: int):
+    """``grad / divisor`` as upstream (``tf.cast(1 / size, dtype)`` would round the factor through float32)."""
+    if grad is None or divisor == 1:
         return grad
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices, grad.dense_shape)
-    return grad * tf.cast(factor, grad.dtype)
+        return tf.IndexedSlices(grad.values / divisor, grad.indices, grad.dense_shape)
+    return grad / divisor
 
 
 def reduce_global_keep_local(allreduce_grads: Callable[[List, Optional[List]], List], grads: Sequence,
@@ -91,10 +92,10 @@ def reduce_global_keep_local(allreduce_grads: Callable[[List, Optional[List]], L
         reduced = allreduce_grads([grads[i] for i in global_idx], [sources[i] for i in global_idx])
         for i, r in zip(global_idx, reduced):
             out[i] = r
-    factor = 1.0 / size() if scale_local_gradients else 1.0
+    divisor = size() if scale_local_gradients else 1
     for i, is_local in enumerate(local):
         if is_local:
-            out[i] = _scale_local(grads[i], factor)
+            out[i] = _scale_local(grads[i], divisor)
     return out
 
 
@@ -116,7 +117,7 @@ class _DistributedGradientTape(tf.GradientTape):
         returns this rank's own (scaled by 1/size when ``scale_local_gradients``)."""
         self._local_sources.add(_key(source))
 
-    def get_local_and_global_gradients(self, gradients, sources, use_generic_names=False):
+    def _reduce(self, gradients, sources):
         """From this rank's ``gradients`` of ``sources`` (as the plain tape computed them), the gradients to
         apply: allreduced for global sources, this rank's own for the registered local ones."""
         flat_sources = tf.nest.flatten(sources)
@@ -128,7 +129,17 @@ class _DistributedGradientTape(tf.GradientTape):
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         gradients = super(self.__class__, self).gradient(target, sources, output_gradients)
-        return self.get_local_and_global_gradients(gradients, sources, use_generic_names)
+        return self._reduce(gradients, sources)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """Upstream's split view of :meth:`gradient`: ``(local_vars_grads, global_vars_grads)``, two lists of
+        ``(source, gradient)`` pairs in the order of ``sources``: the registered local sources with this rank's
+        own gradient (scaled as in ``gradient``), and the others with the reduced one."""
+        gradients = self.gradient(target, sources, output_gradients, use_generic_names)
+        local_pairs, global_pairs = [], []
+        for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(gradients, expand_composites=False)):
+            (local_pairs if _key(source) in self._local_sources else global_pairs).append((source, grad))
+        return local_pairs, global_pairs
 
 
 def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "", compression=Compression.none,
@@ -148,6 +159,20 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
                gradtape._persistent, gradtape._watch_accessed_variables, process_set, scale_local_gradients)
 
 
+def _layer_types() -> tuple:
+    """The Keras layer classes in use: Keras 3's, and tf-keras's (Keras 2, ``tf.keras`` under
+    TF_USE_LEGACY_KERAS=1) when it is loaded."""
+    import sys
+
+    import keras
+
+    types = [keras.layers.Layer]
+    tf_keras = sys.modules.get("tf_keras")
+    if tf_keras is not None:
+        types.append(tf_keras.layers.Layer)
+    return tuple(types)
+
+
 def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str = "",
                                    compression=Compression.none, sparse_as_dense: bool = False,
                                    op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
@@ -157,15 +182,14 @@ def PartialDistributedGradientTape(gradtape, device_dense: str = "", device_spar
     (a Keras layer or a list of them): those layers stay different on each rank (model parallelism, per-rank
     heads). Their gradients are this rank's own, divided by the number of ranks when ``scale_local_gradients``.
     """
-    import keras
-
+    layer_types = _layer_types()
     if local_layers is None:
         local_layers = []
-    elif isinstance(local_layers, keras.layers.Layer):
+    elif isinstance(local_layers, layer_types):
         local_layers = [local_layers]
     else:
         local_layers = list(local_layers)
-    wrong = [type(layer).__name__ for layer in local_layers if not isinstance(layer, keras.layers.Layer)]
+    wrong = [type(layer).__name__ for layer in local_layers if not isinstance(layer, layer_types)]
     if wrong:
         raise ValueError(f"All local layers must be of tf.keras.layers.Layer type; got {', '.join(wrong)}. "
                          "Pass the layers themselves (e.g. local_layers=[model.layers[0]]).")

@@ -68,6 +68,11 @@ except ImportError:  # pragma: no cover - older or newer TF without the private 
 
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
 
+# The collectives build ops and have no data-dependent Python control flow: autograph (a tf.function tracing the
+# caller) calls them as they are, instead of converting them and everything they call, at every trace. It also
+# re-raises their errors unchanged.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
 _REDUCE_DTYPES = {tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
                   tf.float64}
 _MOVE_DTYPES = _REDUCE_DTYPES | {tf.bool}
@@ -82,15 +87,18 @@ def check_num_rank_power_of_2(num_rank: int) -> bool:
 def _check(tensor: tf.Tensor, allowed: set, what: str) -> None:
     if tensor.dtype not in allowed:
         names = ", ".join(sorted(d.name for d in allowed))
-        raise errors.InvalidArgumentError(
+        raise errors.make(errors.InvalidArgumentError, (
             f"Tensor type {tensor.dtype.name} is not supported by {what}. Supported types: {names}. "
-            "Cast the tensor (for example tf.cast(t, tf.float32)) before the collective.")
+            "Cast the tensor (for example tf.cast(t, tf.float32)) before the collective."
+        ))
 
 
 def _tensor(value, allowed: set, what: str) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
-        raise errors.InvalidArgumentError(f"{what} does not take tf.IndexedSlices; use allreduce, or "
-                                          "tf.convert_to_tensor first.")
+        raise errors.make(errors.InvalidArgumentError, (
+            f"{what} does not take tf.IndexedSlices; use allreduce, or "
+            "tf.convert_to_tensor first."
+        ))
     tensor = tf.convert_to_tensor(value)
     _check(tensor, allowed, what)
     return tensor
@@ -145,8 +153,10 @@ def _zeros_for_none(grads, like):
 def _no_adasum(op: ReduceOp) -> ReduceOp:
     op = ReduceOp(op)
     if op == Adasum:
-        raise errors.UnimplementedError("The Adasum reduction is not available in this release yet; use "
-                                        "op=Average or Sum.")
+        raise errors.make(errors.UnimplementedError, (
+            "The Adasum reduction is not available in this release yet; use "
+            "op=Average or Sum."
+        ))
     return op
 
 
@@ -159,26 +169,31 @@ def _scalar_op(value_fn: Callable[[], int], name: Optional[str]) -> tf.Tensor:
     return out
 
 
+@_no_autograph
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar with the number of ranks, read when the op runs (not when it is traced)."""
     return _scalar_op(basics.size, name)
 
 
+@_no_autograph
 def local_size_op(name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar with the number of ranks on this host."""
     return _scalar_op(basics.local_size, name)
 
 
+@_no_autograph
 def rank_op(name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar with this process's rank."""
     return _scalar_op(basics.rank, name)
 
 
+@_no_autograph
 def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar with this process's rank on its host."""
     return _scalar_op(basics.local_rank, name)
 
 
+@_no_autograph
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
     """An int32 scalar: 1 if this rank belongs to the process set (only the global set exists: always 1)."""
     if process_set_id != 0:
@@ -187,6 +202,7 @@ def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None)
 
 
 # ---------------------------------------------------------------------------------------------- allreduce
+@_no_autograph
 def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, ignore_name_scope: bool = False,
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
@@ -211,6 +227,7 @@ def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_
     return _apply(fwd, tensor)
 
 
+@_no_autograph
 def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0, ignore_name_scope: bool = False,
                        process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
@@ -268,10 +285,13 @@ def _allgather_grads(dys, xs, ignore_name_scope, process_set):
 
 def _at_least_1d(tensors, what: str) -> None:
     if any(t.shape.rank == 0 for t in tensors):
-        raise errors.InvalidArgumentError(f"{what} does not support scalar inputs: give the tensor a first "
-                                          "dimension (for example tf.reshape(t, [1])).")
+        raise errors.make(errors.InvalidArgumentError, (
+            f"{what} does not support scalar inputs: give the tensor a first "
+            "dimension (for example tf.reshape(t, [1]))."
+        ))
 
 
+@_no_autograph
 def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks); differentiable."""
@@ -293,6 +313,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
     return _apply(fwd, tensor)
 
 
+@_no_autograph
 def grouped_allgather(tensors, name: Optional[str] = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Allgather each tensor of a list, negotiated as one unit; differentiable."""
@@ -322,11 +343,14 @@ def grouped_allgather(tensors, name: Optional[str] = None, ignore_name_scope: bo
 def _check_root(root_rank) -> int:
     root_rank = int(root_rank)
     if not 0 <= root_rank < size():
-        raise errors.InvalidArgumentError(f"broadcast received invalid root rank {root_rank}: the job has {size()} "
-                                          f"ranks (valid roots are 0..{size() - 1}).")
+        raise errors.make(errors.InvalidArgumentError, (
+            f"broadcast received invalid root rank {root_rank}: the job has {size()} "
+            f"ranks (valid roots are 0..{size() - 1})."
+        ))
     return root_rank
 
 
+@_no_autograph
 def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Return ``root_rank``'s ``tensor`` (a global rank) on every rank; differentiable."""
@@ -364,6 +388,7 @@ def _broadcast_many(tensors: List[tf.Tensor], root_rank: int, base: str, process
     return [_set_shape(o, t.shape) for o, t in zip(outs, tensors)]
 
 
+@_no_autograph
 def broadcast_(variables, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> List[tf.Tensor]:
     """Overwrite each variable with ``root_rank``'s value (one fused exchange); returns the variables' new values,
@@ -381,6 +406,7 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
 
 
 # ---------------------------------------------------------------------------------------------- alltoall
+@_no_autograph
 def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set):
     """Send ``splits[j]`` rows to rank j (dim 0 split equally without splits, or with empty splits).
@@ -395,7 +421,9 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
     else:
         splits_t = tf.convert_to_tensor(splits)
         if not (splits_t.dtype.is_integer or splits_t.shape.num_elements() == 0):
-            raise errors.InvalidArgumentError(f"alltoall splits must be integers, got {splits_t.dtype.name}.")
+            raise errors.make(errors.InvalidArgumentError, (
+                f"alltoall splits must be integers, got {splits_t.dtype.name}."
+            ))
         splits_t = tf.reshape(tf.cast(splits_t, tf.int32), [-1])
     full = _name("alltoall", name, ignore_name_scope)
     n = size()
@@ -447,6 +475,7 @@ def _reducescatter_grads(dys, xs, op, prescale_factor, postscale_factor, ignore_
     return [_set_shape(o, x.shape) for o, x in zip(outs, xs)]
 
 
+@_no_autograph
 def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set,
                         grouped: bool) -> List[tf.Tensor]:
     what = "grouped_reducescatter" if grouped else "reducescatter"
@@ -454,8 +483,10 @@ def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ig
     _at_least_1d(tensors, "Reducescatter")
     op = ReduceOp(op)
     if op not in (Sum, Average):
-        raise errors.AbortedError(f"Reducescatter currently only supports AVERAGE and SUM, not "
-                                  f"{op.name.capitalize()}; pass op=hvd.Sum or op=hvd.Average.")
+        raise errors.make(errors.AbortedError, (
+            f"Reducescatter currently only supports AVERAGE and SUM, not "
+            f"{op.name.capitalize()}; pass op=hvd.Sum or op=hvd.Average."
+        ))
     base = _name(what, name, ignore_name_scope)
 
     def fwd(*xs):
@@ -479,6 +510,7 @@ def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ig
     return list(_apply(fwd, *tensors)) if tensors else []
 
 
+@_no_autograph
 def _reducescatter(tensor, name: Optional[str] = None, op: ReduceOp = Sum, ignore_name_scope: bool = False,
                    process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                    postscale_factor: float = 1.0) -> tf.Tensor:
@@ -487,6 +519,7 @@ def _reducescatter(tensor, name: Optional[str] = None, op: ReduceOp = Sum, ignor
                                process_set, grouped=False)[0]
 
 
+@_no_autograph
 def _grouped_reducescatter(tensors, name: Optional[str] = None, op: ReduceOp = Sum, ignore_name_scope: bool = False,
                            process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                            postscale_factor: float = 1.0) -> List[tf.Tensor]:
@@ -496,6 +529,7 @@ def _grouped_reducescatter(tensors, name: Optional[str] = None, op: ReduceOp = S
 
 
 # ---------------------------------------------------------------------------------------------- control
+@_no_autograph
 def join() -> tf.Tensor:
     """Mark this rank as done; returns (an int32 scalar tensor) the last rank to join, the same on every rank.
 
