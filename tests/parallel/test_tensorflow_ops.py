@@ -317,6 +317,25 @@ def test_alltoall_equal_splits(mode):
         np.testing.assert_array_equal(received, [2] * size)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [tf.uint8, tf.int32, tf.float16, tf.bool], ids=dt_id)
+def test_alltoall_zero_rows(dtype, mode):
+    """Ranks with nothing to send: zero-row tensors, with splits=None, all-zero splits, and beside ranks that
+    do send."""
+    rank, size = hvd.rank(), hvd.size()
+    empty = tf.zeros([0, 3], dtype)
+    out = run(mode, hvd.alltoall, empty)
+    assert out.shape == (0, 3) and out.dtype == dtype.as_numpy_dtype
+    out, received = run(mode, lambda x: hvd.alltoall(x, splits=[0] * size), empty)
+    assert out.shape == (0, 3) and list(received) == [0] * size
+    # rank 0 sends one row to every rank, the others send nothing
+    rows = size if rank == 0 else 0
+    t = contrib(rank, (rows, 3), dtype)
+    out, received = run(mode, lambda x: hvd.alltoall(x, splits=[1 if rank == 0 else 0] * size), t)
+    assert_close(out, contrib_np(0, (size, 3), 0, dtype)[rank:rank + 1], dtype)
+    np.testing.assert_array_equal(received, [1] + [0] * (size - 1))
+
+
 # ------------------------------------------------------------------------------------------------ reducescatter
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op_name", ["Sum", "Average"])

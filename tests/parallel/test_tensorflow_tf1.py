@@ -261,3 +261,56 @@ def test_keras_optimizer_is_delegated_to_horovod_tensorflow_keras():
     w = keras.Variable(np.array([1.0, 1.0], np.float32))
     opt.apply_gradients([(tf.constant([c[rank], c[rank]], tf.float32), w)])
     np.testing.assert_allclose(np.asarray(w.numpy()), 1.0 - c.mean(), rtol=1e-6)
+
+
+def test_upstream_util_helpers():
+    from horovod.tensorflow.util import _cache, _executing_eagerly, _make_subgraph, refs_to_vars, vars_to_refs
+
+    assert hvd._executing_eagerly is _executing_eagerly and _executing_eagerly()
+    with tf.Graph().as_default():
+        assert not hvd._executing_eagerly()
+    assert not tf.function(lambda: tf.constant(_executing_eagerly()))().numpy()
+    calls = []
+    cached = _cache(lambda x: calls.append(x) or x * 2)
+    assert cached(3) == 6 and cached(3) == 6 and calls == [3]
+    assert _make_subgraph(lambda x: x + 1)(tf.constant(1)).numpy() == 2
+    a, b = tf.Variable(1.0), tf.Variable(2.0)
+    refs = vars_to_refs([a, [b]])
+    assert hash(refs) is not None and refs_to_vars(refs)[0] is a and refs_to_vars(refs)[1][0] is b
+
+
+def test_broadcast_inplace_in_a_graph_returns_the_new_values():
+    size, rank = hvd.size(), hvd.rank()
+    root = size - 1
+    with tf.Graph().as_default():
+        a = v1.get_variable("a", initializer=tf.fill([3], float(rank)))
+        b = v1.get_variable("b", initializer=tf.fill([2], rank))
+        new_values = hvd.broadcast_([a, b], root)
+        assert all(isinstance(t, tf.Tensor) for t in new_values)
+        bcast = hvd.broadcast_variables([a, b], root_rank=0)
+        assert isinstance(bcast, tf.Operation)
+        with session() as sess:
+            sess.run(v1.global_variables_initializer())
+            got_a, got_b = sess.run(new_values)
+            np.testing.assert_allclose(got_a, np.full(3, float(root)))
+            np.testing.assert_array_equal(got_b, np.full(2, root))
+            np.testing.assert_allclose(sess.run(a), np.full(3, float(root)))
+            sess.run(v1.global_variables_initializer())
+            assert sess.run(bcast) is None
+            np.testing.assert_allclose(sess.run(a), np.zeros(3))
+    c = tf.Variable(tf.fill([2], float(rank)))
+    assert hvd.broadcast_variables([c], root_rank=root) is None   # eagerly: assigned at once, as upstream
+    np.testing.assert_allclose(c.numpy(), np.full(2, float(root)))
+
+
+def test_broadcast_object_and_object_fn_in_a_graph_and_eagerly():
+    root = hvd.size() - 1
+    obj = {"rank": hvd.rank(), "list": [1, 2]}
+    with tf.Graph().as_default():
+        with session() as sess:
+            assert hvd.broadcast_object(obj, root_rank=root, session=sess) == {"rank": root, "list": [1, 2]}
+            fn = hvd.broadcast_object_fn(root_rank=root, session=sess, name="graph.fn")
+            assert fn(("from", hvd.rank())) == ("from", root)
+    fn = hvd.broadcast_object_fn(root_rank=root, name="eager.fn")
+    assert fn(("from", hvd.rank())) == ("from", root)
+    assert hvd.allgather_object(hvd.rank(), name="graph.objects") == list(range(hvd.size()))
