@@ -51,6 +51,18 @@ def apply_once(opt, grads, variables):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_horovod_tensorflow_distributed_optimizer_takes_a_tf_keras_optimizer(kind):
+    """``horovod.tensorflow.DistributedOptimizer`` hands a tf-keras optimizer to the Keras binding, as upstream."""
+    import horovod.tensorflow as hvd_tf
+
+    var = tf.Variable(np.zeros(3, np.float32))
+    opt = hvd_tf.DistributedOptimizer(sgd(kind, 1.0))
+    assert isinstance(opt, type(sgd(kind, 1.0)))
+    apply_once(opt, [rank_grad((3,), hvd.rank())], [var])
+    np.testing.assert_allclose(var.numpy(), -mean_over_ranks((3,)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("op_name", ["Average", "Sum"])
 def test_apply_gradients_reduces_across_ranks(kind, op_name):
     op = getattr(hvd, op_name)

@@ -94,9 +94,12 @@ class _DistributedOptimizer(_LegacyOptimizer):
 
 
 def _is_keras_optimizer(optimizer) -> bool:
+    """A Keras 3 optimizer, or a Keras 2 one from tf-keras (``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``)."""
     import keras
 
-    return isinstance(optimizer, keras.optimizers.Optimizer)
+    from horovod._keras.flavor import is_tf_keras
+
+    return isinstance(optimizer, keras.optimizers.Optimizer) or is_tf_keras(optimizer)
 
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: bool = False, device_dense: str = "",
