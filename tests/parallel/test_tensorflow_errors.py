@@ -169,3 +169,15 @@ def test_reducescatter_with_another_op_is_an_aborted_error(op_name, mode):
                       tf.errors.AbortedError)
     assert "Reducescatter currently only supports AVERAGE and SUM" in error.message
     assert isinstance(error, ValueError)
+
+
+def test_a_collective_beside_a_joined_rank_is_a_failed_precondition_error():
+    """Rank 0 joins at once; the others' allgather cannot run without it (upstream's precondition error)."""
+    needs_peers()
+    if hvd.rank() == 0:
+        last = hvd.join()
+    else:
+        with pytest.raises(tf.errors.FailedPreconditionError, match="not supported with Join"):
+            hvd.allgather(tf.ones([1, 2]), name="tf.errors.joined")
+        last = hvd.join()
+    assert 0 < int(last) < hvd.size()

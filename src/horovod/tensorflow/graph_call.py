@@ -90,7 +90,9 @@ def call(compute: Compute, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType]
     in_function = getattr(graph, "building_function", False)
     chained = in_function or getattr(graph, "_horovod_chain_depth", 0) > 0
     previous = getattr(graph, "_horovod_last_collective", None) if chained else None
-    with tf.control_dependencies([previous] if previous is not None else []):
+    # The op has a CPU kernel only, and tf.data has no GPU kernels: place them on the CPU explicitly (a session
+    # without soft placement would refuse a GPU device scope); inputs on a GPU are copied to host memory.
+    with tf.control_dependencies([previous] if previous is not None else []), tf.device("/cpu:0"):
         if in_function or _MapDataset is None:
             outs = _node(compute, list(inputs), list(tout), node)
         else:

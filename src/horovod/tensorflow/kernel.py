@@ -173,6 +173,11 @@ def _aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a is b or (a.shape == b.shape and a.dtype == b.dtype and a.size > 0
+                       and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]))
+
+
 def _fail(api: _CApi, ctx: int, code: int, message: str) -> None:
     status = api.new_status()
     api.set_status(status, code, message.encode("utf-8", errors="replace"))
@@ -208,10 +213,15 @@ def _run(api: _CApi, token: int, ctx: int) -> None:
             api.delete_status(status)
         results = body(outputs, *arrays)
         for i, result in enumerate(results):
-            if outputs.buffers.get(i) is result:
-                continue
             result = np.asarray(result)
-            target = outputs.empty(i, result.shape, _np_dtype(api.output_dtype(ctx, i)))
+            target = outputs.buffers.get(i)
+            if target is None:
+                target = outputs.empty(i, result.shape, _np_dtype(api.output_dtype(ctx, i)))
+            elif _same_memory(target, result):
+                continue                # the engine wrote the result into TensorFlow's buffer
+            if target.shape != result.shape:
+                raise RuntimeError(f"{OP_TYPE} output {i} was allocated with shape {target.shape} but the result "
+                                   f"has shape {result.shape}")
             np.copyto(target, result, casting="unsafe")
     except BaseException as exc:  # every failure must become the op's status
         code, message = status_of(exc)
