@@ -170,8 +170,9 @@ def test_joined_ranks_are_not_expected_to_wait():
     waits = [("a", "ALLREDUCE", [1], [1]), ("b", "ALLREDUCE", [2], [2])]
     assert run(DeadlockDetector(3, 1.0, 1.0), waits, [0.0, 5.0]) == []       # rank 0 is busy
     (_, kind, message), = run(DeadlockDetector(3, 1.0, 1.0), waits, [0.0, 5.0], joined=[0])
-    assert kind == REPORT and "Rank 0" not in message
+    assert kind == REPORT and "Rank 0 waits" not in message
     assert "Rank 1 waits on a (ALLREDUCE; not submitted by rank 2)." in message
+    assert "Rank 0 joined (hvd.join): it counts as having submitted every tensor." in message
 
 
 def test_a_group_member_every_rank_submitted_is_described_as_held_for_its_group():

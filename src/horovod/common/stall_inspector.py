@@ -177,6 +177,11 @@ class DeadlockDetector:
                     shown.append(f"{name} ({op}; submitted by every rank, held for the rest of its group)")
             more = f" and {len(mine) - MAX_NAMES_PER_RANK} more" if len(mine) > MAX_NAMES_PER_RANK else ""
             lines.append(f"Rank {rank} waits on {', '.join(shown)}{more}.")
+        joined = sorted(set(range(self.size)).difference(needed))
+        if joined:
+            label, pronoun = ("Rank", "it counts") if len(joined) == 1 else ("Ranks", "they count")
+            lines.append(f"{label} {', '.join(map(str, joined))} joined (hvd.join): {pronoun} as having submitted "
+                         "every tensor.")
         lines.append(DEADLOCK_ADVICE)
         return "\n".join(lines)
 
