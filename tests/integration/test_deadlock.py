@@ -170,3 +170,25 @@ def test_late_ranks_joins_groups_threads_and_the_torch_optimizer_are_not_deadloc
     for r in range(np_):
         passed = [line.split()[1] for line in rank_lines(out, r) if line.startswith("PASSED")]
         assert passed == scenarios, (r, passed)
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_a_tf1_graph_whose_branch_is_slow_is_reported_but_not_ended(np_):
+    """TensorFlow runs a session's independent collectives on several threads: a rank may wait on one collective
+    while another thread still computes the input of the one the other ranks wait on. The crossed state lasts
+    past the window and the grace period: it is reported, and the job finishes."""
+    pytest.importorskip("tensorflow")
+    check = 1.0
+    env = {"HOROVOD_DEADLOCK_CHECK_TIME_SECONDS": str(check), "HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS": "0.5",
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = horovodrun(np_, worker("deadlock_tf1_graph.py", 4 * check), timeout=TIMEOUT, env=env)
+    out = result.stdout
+    assert result.returncode == 0, out[-6000:]
+    for r in range(np_):
+        assert any(line.startswith("PASSED") for line in rank_lines(out, r)), out[-6000:]
+    found = reports(out, 0)
+    assert found, out[-6000:]
+    assert "Rank 0 waits on allreduce.tf1.b (ALLREDUCE; not submitted by" in "\n".join(found[0])
+    assert any("submit collectives from several threads" in line and "the job is not ended" in line
+               for line in found[0]), found[0]
+

@@ -12,7 +12,7 @@ from horovod.backends.local import LocalBackend
 from horovod.common import wire
 from horovod.common.engine import Engine, Entry
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.handles import Handle
+from horovod.common.handles import Handle, several_threads
 from horovod.common.messages import BATCH, TensorResponse, make_request
 from horovod.common.types import DataType, ReduceOp, RequestType
 
@@ -147,6 +147,23 @@ def test_a_blocking_wait_is_told_once_after_the_request_and_its_completion_needs
     waiter.join(10)
     assert handle.poll() and not waiter.is_alive()
     assert received(coord, 0.3) == []                                 # completion: nothing to take back
+
+
+def test_a_wait_from_a_program_submitting_from_several_threads_says_so(worker):
+    engine, coord = worker
+    handle = submit(engine, "t", np.ones(3, np.float32))
+
+    def wait_in_a_tf1_graph_thread():
+        with several_threads():
+            handle.wait(timeout=10)
+
+    waiter = threading.Thread(target=wait_in_a_tf1_graph_thread)
+    waiter.start()
+    messages = received(coord, 0.3)
+    assert [m[0] for m in messages] == ["R", "W"] and messages[1] == ["W", ["t"], True], messages
+    respond(coord, "t")
+    waiter.join(10)
+    assert handle.poll() and not waiter.is_alive()
 
 
 def test_timed_waits_that_keep_polling_send_one_notice_and_a_stop_is_taken_back_after_the_lapse(worker):

@@ -94,11 +94,11 @@ def test_from_config(monkeypatch):
 CROSSED = [("barrier.noname", "BARRIER", [0], [0]), ("grad", "REDUCESCATTER", [1, 2], [1, 2])]
 
 
-def run(detector, waits, times, joined=(), ready=False, progress=7):
+def run(detector, waits, times, joined=(), ready=False, progress=7, several_threads=()):
     """Check at each time; the verdicts that were not None."""
     out = []
     for now in times:
-        verdict = detector.check(waits, joined, ready, progress, now)
+        verdict = detector.check(waits, joined, ready, progress, now, several_threads=several_threads)
         if verdict is not None:
             out.append((now, *verdict))
     return out
@@ -133,6 +133,18 @@ def test_report_only_never_ends_the_job():
     verdicts = run(detector, CROSSED, [0.0, 1.0, 5.0, 50.0])
     assert [(t, kind) for t, kind, _ in verdicts] == [(1.0, REPORT)]
     assert "HOROVOD_DEADLOCK_SHUTDOWN_DISABLE is set" in verdicts[0][2]
+
+
+def test_a_rank_submitting_from_several_threads_is_reported_but_the_job_not_ended():
+    detector = DeadlockDetector(3, confirm_s=1.0, shutdown_s=1.0)
+    verdicts = run(detector, CROSSED, [0.0, 1.0, 5.0, 50.0], several_threads={2})
+    assert [(t, kind) for t, kind, _ in verdicts] == [(1.0, REPORT)]
+    assert "Rank 2 submit collectives from several threads" in verdicts[0][2]
+    assert "the job is not ended" in verdicts[0][2]
+    # A rank that only ever waited from one thread does not hold off the ending; a joined one is not blocked.
+    other = DeadlockDetector(3, confirm_s=1.0, shutdown_s=1.0)
+    assert [kind for _, kind, _ in run(other, CROSSED[1:], [0.0, 1.0, 2.0], joined={0}, several_threads={0})] == \
+        [REPORT, SHUTDOWN]
 
 
 def test_a_new_submission_or_emission_restarts_the_window():

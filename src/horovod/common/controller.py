@@ -97,6 +97,8 @@ class Coordinator:
         self._urgent: Set[str] = set()
         self._group_ready: Dict[str, List[str]] = {}
         self._joined: Set[int] = set()
+        # Ranks that waited from a program submitting from several threads (see handles.several_threads).
+        self.several_threads: Set[int] = set()
         self._last_joined = -1
         self._join_done = False
         self.timeline: Optional[Timeline] = None      # set on the coordinator while a timeline records
@@ -146,10 +148,13 @@ class Coordinator:
             if name in self._pending:
                 self._urgent.add(name)
 
-    def mark_waiting(self, rank: int, names) -> None:
+    def mark_waiting(self, rank: int, names, several_threads: bool = False) -> None:
         """``rank`` blocks in a wait on these tensors: emit them at once, and remember who waits (for the
         deadlock detector). A notice for a tensor that ``rank`` has not submitted (a late notice about an
-        instance that already completed) records nothing."""
+        instance that already completed) records nothing. ``several_threads``: the wait comes from a program that
+        submits from several threads (remembered for the rest of the job)."""
+        if several_threads:
+            self.several_threads.add(rank)
         pending = self._pending
         for name in names:
             entry = pending.get(name)

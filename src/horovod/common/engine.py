@@ -40,7 +40,7 @@ from horovod.common import stall_inspector, wire
 from horovod.common.autotune import Autotuner
 from horovod.common.controller import Coordinator
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
-from horovod.common.handles import Handle
+from horovod.common.handles import Handle, waits_from_several_threads
 from horovod.common.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
 from horovod.common.response_cache import ResponseCache
 from horovod.common.timeline import Timeline, activity, executing
@@ -111,7 +111,8 @@ class Engine:
         self._spin_s = max(0.0, spin_us) / 1e6
         self._last_activity = 0.0
         self._send_lock = threading.Lock()
-        self._notes: List[Tuple[bool, List[str]]] = []     # rank 0's wait notices, for its engine thread
+        # rank 0's wait notices for its engine thread: (begins, names, from a program submitting from several threads)
+        self._notes: List[Tuple[bool, List[str], bool]] = []
         self._note_lock = self._lock if rank == 0 else self._send_lock     # guards the handles' wait fields
         self._lapsed: Dict[Handle, float] = {}     # handle -> when its last timed wait ran out
         self._lapse_s = stall_inspector.lapse_seconds()
@@ -201,11 +202,14 @@ class Engine:
                 # Under the send lock: the notice follows this rank's requests, and no request for a later
                 # tensor of the same name can be sent between the table check and the notice.
                 try:
-                    wire.send_msg(self.control[0], ["W", list(handle.names)])
+                    notice = ["W", list(handle.names)]
+                    if waits_from_several_threads():
+                        notice.append(True)     # see handles.several_threads
+                    wire.send_msg(self.control[0], notice)
                 except OSError:
                     pass                        # the engine thread reports the lost coordinator
                 return
-            self._notes.append((True, list(handle.names)))
+            self._notes.append((True, list(handle.names), waits_from_several_threads()))
             if self._sleeping:
                 self._sleeping = False
                 self._wake()
@@ -378,9 +382,9 @@ class Engine:
             for entry in entries:
                 coord.add_request(0, entry.request)
             if notes:
-                for begins, names in notes:
+                for begins, names, several in notes:
                     if begins:
-                        coord.mark_waiting(0, names)
+                        coord.mark_waiting(0, names, several)
                     else:
                         coord.unmark_waiting(0, names)
                 self._active()
@@ -419,7 +423,7 @@ class Engine:
                     for request in msg[1]:
                         coord.add_request(peer, request)
                 elif kind == "W":
-                    coord.mark_waiting(peer, msg[1])
+                    coord.mark_waiting(peer, msg[1], len(msg) > 2 and bool(msg[2]))
                     self._active()
                 elif kind == "U":
                     coord.unmark_waiting(peer, msg[1])
@@ -474,7 +478,8 @@ class Engine:
             due = min(due, inspector.due_in(now))
         if detector is not None:
             if now >= detector.next_check:
-                verdict = detector.check(coord.waits(), coord.joined, coord.has_ready(), coord.progress, now)
+                verdict = detector.check(coord.waits(), coord.joined, coord.has_ready(), coord.progress, now,
+                                         several_threads=coord.several_threads)
                 if verdict is not None:
                     kind, message = verdict
                     if kind == stall_inspector.SHUTDOWN:

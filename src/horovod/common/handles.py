@@ -11,10 +11,32 @@ to emit the tensors at once, and to recognize a deadlock (every rank blocked on 
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 from horovod.common.exceptions import HorovodInternalError
+
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def several_threads() -> Iterator[None]:
+    """Mark the waits of this thread, inside the block, as made by a program that submits collectives from several
+    threads (a TF1 graph runs independent collectives on as many threads): another thread of this rank may still
+    submit what the other ranks wait for, so the deadlock detector reports such a state but does not end the job.
+    """
+    previous = getattr(_thread, "several", False)
+    _thread.several = True
+    try:
+        yield
+    finally:
+        _thread.several = previous
+
+
+def waits_from_several_threads() -> bool:
+    """True inside :func:`several_threads` on this thread."""
+    return getattr(_thread, "several", False)
 
 
 class Handle:

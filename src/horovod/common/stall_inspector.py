@@ -125,11 +125,13 @@ class DeadlockDetector:
         return max(0.0, self.next_check - now)
 
     def check(self, waits: Sequence[Tuple[str, str, List[int], List[int]]], joined: Iterable[int], ready: bool,
-              progress: int, now: float) -> Optional[Tuple[str, str]]:
+              progress: int, now: float, several_threads: Iterable[int] = ()) -> Optional[Tuple[str, str]]:
         """(REPORT or SHUTDOWN, message) when the deadlock is to be reported or the job ended, else None.
 
         ``waits`` holds (name, op type, ranks that submitted, ranks blocked waiting on it) for pending tensors;
-        ``ready`` says whether some tensor is ready to be emitted.
+        ``ready`` says whether some tensor is ready to be emitted. ``several_threads``: ranks whose program submits
+        collectives from several threads (a TF1 graph); another of their threads may still submit what the others
+        wait for, so the state is reported but the job is not ended.
         """
         self.next_check = now + self.interval
         needed = set(range(self.size)).difference(joined)
@@ -146,7 +148,14 @@ class DeadlockDetector:
                 return None
             self._reported_at = now
             self._report = self._describe(waits, needed, now - self._since)
-            if self.shutdown:
+            threaded = sorted(needed.intersection(several_threads))
+            if self.shutdown and threaded:
+                label = "Rank" if len(threaded) == 1 else "Ranks"
+                tail = (f"{label} {', '.join(map(str, threaded))} submit collectives from several threads (as a "
+                        "TensorFlow 1 graph does), where another thread may still submit what the others wait for: "
+                        "the job is not ended. If it stays blocked, look for a collective that only some ranks "
+                        "run (a branch or a fetch that differs between ranks).")
+            elif self.shutdown:
                 tail = (f"The job ends in {self.shutdown_s:g} s (HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS) unless "
                         "the ranks make progress. A program that submits collectives from several threads can set "
                         "HOROVOD_DEADLOCK_SHUTDOWN_DISABLE=1 to only report.")
@@ -155,7 +164,7 @@ class DeadlockDetector:
             message = f"{self._report}\n{tail}"
             log.error("%s", message)
             return REPORT, message
-        if self.shutdown and now - self._reported_at >= self.shutdown_s:
+        if self.shutdown and now - self._reported_at >= self.shutdown_s and not needed.intersection(several_threads):
             self._reported_at = float("inf")        # once
             message = (f"{self._report}\nEnded the job: the deadlock lasted HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS="
                        f"{self.shutdown_s:g} s past its report, so every pending collective fails.")

@@ -29,6 +29,7 @@ from typing import Callable, Iterator, List, Sequence
 import numpy as np
 import tensorflow as tf
 
+from horovod.common.handles import several_threads
 from horovod.tensorflow import kernel
 from horovod.tensorflow.errors import translate
 
@@ -121,9 +122,15 @@ def _off_inter_op_pool(compute: Compute, inputs: List[tf.Tensor], tout: List[tf.
     """``_node`` inside a one-element tf.data map run by tf.data's own threads (see the module docstring)."""
     components = tuple(inputs) if inputs else (tf.zeros([0], tf.int8),)   # a dataset needs one component
 
+    def threaded(outputs, *arrays):
+        # TensorFlow runs a session's independent collectives on as many threads: the deadlock detector then only
+        # reports a crossed wait on this rank (another thread may still submit), it does not end the job.
+        with several_threads():
+            return compute(outputs, *arrays)
+
     @tf.autograph.experimental.do_not_convert
     def apply(*tensors):
-        return tuple(_node(compute, list(tensors) if inputs else [], tout, node))
+        return tuple(_node(threaded, list(tensors) if inputs else [], tout, node))
 
     with tf.name_scope(node):
         dataset = _MapDataset(tf.data.Dataset.from_tensors(components), apply, use_inter_op_parallelism=False)
