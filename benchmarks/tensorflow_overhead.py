@@ -3,7 +3,8 @@
 Runs ``benchmarks/workers/tf_overhead.py`` under this project's ``horovodrun`` and prints, for one float32
 tensor per size (4 KB, 256 KB, 4 MB, 64 MB by default), the time of one ``hvd.allreduce`` through
 ``horovod.numpy`` (the op layer alone, for reference), eagerly in TensorFlow, and as the only op of a
-``tf.function`` (run through ``tf.numpy_function``), with the ratio tf.function / eager. Then 20 tensors of
+``tf.function`` (a ``HorovodCollective`` kernel), with the ratio tf.function / eager, and fetched by
+``session.run`` from a TF1 graph. Then 20 tensors of
 256 KB: one ``grouped_allreduce`` eagerly and in a ``tf.function``, and 20 separate allreduces in one
 ``tf.function`` (which run one after another). Each figure is the median of 3 repetitions of the mean over n
 calls (``benchmarks/workers/timing.py::measure``); every rank runs TensorFlow with one intra-op and one
@@ -39,11 +40,12 @@ def _size(nbytes: int) -> str:
 def report(res: dict) -> List[str]:
     """The markdown tables: single tensors by size, then the group of tensors."""
     us = "{:.1f}".format
-    lines = ["| tensor | horovod.numpy (µs) | TF eager (µs) | TF tf.function (µs) | tf.function / eager |",
-             "|---|---|---|---|---|"]
+    lines = ["| tensor | horovod.numpy (µs) | TF eager (µs) | TF tf.function (µs) | tf.function / eager | "
+             "TF1 session.run (µs) |", "|---|---|---|---|---|---|"]
     for nbytes, row in res["single"].items():
         lines.append(f"| {_size(int(nbytes))} | {us(row['numpy'] * 1e6)} | {us(row['eager'] * 1e6)} | "
-                     f"{us(row['function'] * 1e6)} | {row['function'] / row['eager']:.2f} |")
+                     f"{us(row['function'] * 1e6)} | {row['function'] / row['eager']:.2f} | "
+                     f"{us(row['graph'] * 1e6)} |")
     group, row = res["group"], res["grouped"]
     what = f"{group['tensors']} x {_size(group['bytes_each'])}"
     lines += ["", f"| {what} | grouped_allreduce eager (µs) | grouped_allreduce in tf.function (µs) | "

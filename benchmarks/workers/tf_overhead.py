@@ -2,9 +2,10 @@
 
     python -m benchmarks.workers.tf_overhead OUT.json SIZES [SCALE]
 
-For every size in SIZES (bytes of one float32 tensor, comma-separated) it times one ``hvd.allreduce`` per call three ways on the same
-tensor: ``horovod.numpy`` (the op layer without TensorFlow, for reference), eagerly in TensorFlow, and as the
-only op of a ``tf.function`` (the ``tf.numpy_function`` path). Then ``GROUP`` tensors of ``GROUP_BYTES`` each:
+For every size in SIZES (bytes of one float32 tensor, comma-separated) it times one ``hvd.allreduce`` per call four ways on the same
+tensor: ``horovod.numpy`` (the op layer without TensorFlow, for reference), eagerly in TensorFlow, as the only op
+of a ``tf.function`` (a ``HorovodCollective`` kernel), and fetched by ``session.run`` from a TF1 graph (the
+kernel inside a one-element tf.data map, off the inter-op pool). Then ``GROUP`` tensors of ``GROUP_BYTES`` each:
 one ``grouped_allreduce`` eagerly and in a ``tf.function``, and ``GROUP`` separate allreduces in one
 ``tf.function``. ``SCALE`` multiplies the iteration counts of ``benchmarks.workers.timing.iterations``.
 Rank 0 prints a line per row and writes the seconds per call as JSON.
@@ -25,18 +26,29 @@ import horovod.tensorflow as hvd
 from benchmarks.workers.timing import iterations, measure, write
 
 GROUP, GROUP_BYTES = 20, 256 << 10
-VARIANTS = ["numpy", "eager", "function"]
+VARIANTS = ["numpy", "eager", "function", "graph"]
+
+
+def _tf1_session(build: Callable[[], object]) -> Callable[[], object]:
+    """``session.run`` of what ``build`` adds to a fresh TF1 graph (one inter-op thread, as the rest)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        fetch = build()
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1, intra_op_parallelism_threads=1)
+    session = tf.compat.v1.Session(graph=graph, config=config)
+    return lambda: session.run(fetch)
 
 
 def single(nbytes: int) -> Dict[str, Callable[[], object]]:
-    """The three ways to allreduce one float32 tensor of ``nbytes``; each call returns the reduced tensor."""
+    """The four ways to allreduce one float32 tensor of ``nbytes``; each call returns the reduced tensor."""
     count = max(1, nbytes // 4)
     array = np.ones(count, np.float32)
     tensor = tf.ones([count], tf.float32)
     in_function = tf.function(lambda t: hvd.allreduce(t, name=f"function.{nbytes}"))
     return {"numpy": lambda: hnp.allreduce(array, name=f"numpy.{nbytes}"),
             "eager": lambda: hvd.allreduce(tensor, name=f"eager.{nbytes}"),
-            "function": lambda: in_function(tensor)}
+            "function": lambda: in_function(tensor),
+            "graph": _tf1_session(lambda: hvd.allreduce(tf.ones([count], tf.float32), name=f"graph.{nbytes}"))}
 
 
 def grouped() -> Dict[str, Callable[[], object]]:
