@@ -46,7 +46,6 @@ except ImportError:  # pragma: no cover - older TensorFlow
         _MapDataset = None
 
 _DLPACK_MIN_BYTES = 1 << 16   # below this a copy is cheaper than the DLPack round trip
-_ALIGN = 64
 
 
 def _array(value) -> np.ndarray:
@@ -62,7 +61,7 @@ def _array(value) -> np.ndarray:
 
 def _to_tensor(arr: np.ndarray, dtype: tf.DType) -> tf.Tensor:
     """An eager tensor of ``arr``: zero-copy (DLPack) for large 64-byte-aligned arrays, else a copy."""
-    if (arr.nbytes >= _DLPACK_MIN_BYTES and arr.flags.c_contiguous and arr.ctypes.data % _ALIGN == 0
+    if (arr.nbytes >= _DLPACK_MIN_BYTES and arr.flags.c_contiguous and arr.ctypes.data % kernel.ALIGN == 0
             and arr.dtype == dtype.as_numpy_dtype and dtype != tf.bfloat16):
         try:
             return tf.experimental.dlpack.from_dlpack(arr.__dlpack__())

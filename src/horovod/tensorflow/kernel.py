@@ -161,15 +161,15 @@ class EagerOutputs:
         return _aligned_empty
 
 
-_ALIGN = 64   # TF's EIGEN_MAX_ALIGN_BYTES: tensors wrapping foreign memory must be this aligned
+ALIGN = 64   # TF's EIGEN_MAX_ALIGN_BYTES: tensors wrapping foreign memory must be this aligned
 
 
 def _aligned_empty(shape, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
