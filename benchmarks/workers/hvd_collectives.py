@@ -7,7 +7,7 @@ import numpy as np
 
 import horovod.numpy as hvd
 from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
-from horovod.common import ops
+from horovod.core import ops
 
 
 def main(out: str, sizes) -> None:

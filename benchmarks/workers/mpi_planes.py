@@ -13,7 +13,7 @@ from mpi4py import MPI
 import horovod.numpy as hvd
 from benchmarks.workers.mpi_collectives import raw_runs
 from benchmarks.workers.timing import OPS, SIZES, iterations, measure, write
-from horovod.common import basics, ops
+from horovod.core import basics, ops
 
 PLANES = {"mpi": "mpi", "shm": "shm", "default": ""}
 STREAM_DEPTH = 8

@@ -18,8 +18,8 @@ from typing import Dict, List
 import numpy as np
 
 import horovod.numpy as hvd
-from horovod.common import basics, ops
-from horovod.common.autotune import make_autotuner
+from horovod.core import basics, ops
+from horovod.core.observers.autotune import make_autotuner
 
 MIB = 1 << 20
 GRID = [(4 * MIB, 1.0), (16 * MIB, 1.0), (64 * MIB, 1.0), (4 * MIB, 5.0), (16 * MIB, 5.0), (64 * MIB, 5.0),

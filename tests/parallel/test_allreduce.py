@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import horovod.numpy as hvd
-from horovod.common import basics
+from horovod.core import basics
 from tests.support.ranks import (
     ALL_DTYPES,
     FLOAT_DTYPES,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import horovod.numpy as hvd
-from horovod.common import ops
+from horovod.core import ops
 
 
 @pytest.fixture(autouse=True)

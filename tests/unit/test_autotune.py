@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from horovod.common.autotune import (
+from horovod.core.observers.autotune import (
     CSV_HEADER,
     MIB,
     Autotuner,
@@ -15,7 +15,7 @@ from horovod.common.autotune import (
     fixed_from_env,
     make_autotuner,
 )
-from horovod.common.bayesian_optimization import BayesianOptimizer
+from horovod.core.observers.bayesian_optimization import BayesianOptimizer
 
 BOX = [(0.0, 64.0), (1.0, 100.0)]
 SEEDS = [(4, 5), (32, 50), (16, 25), (8, 10)]
@@ -145,7 +145,7 @@ def _budget_steps(warmup=3, bayes=20, categorical=2, samples=5, steps=10):
 
 
 def test_autotuner_reaches_90_percent_of_hand_tuned_throughput(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="horovod.common.autotune")
+    caplog.set_level(logging.INFO, logger="horovod.core.observers.autotune")
     tuner = Autotuner(MISTUNED, log_path=str(tmp_path / "a.csv"))
     work = Workload(MISTUNED)
     start = Workload.throughput(MIB, 20.0, True)
@@ -232,7 +232,7 @@ def test_sampling_scores_bytes_per_microsecond_and_median():
 
 def test_csv_and_log_lines_are_exact(tmp_path, caplog):
     """Step time = 1 + cycle/10 ms (+1 ms without the cache); one 1e6-byte tensor per step."""
-    caplog.set_level(logging.INFO, logger="horovod.common.autotune")
+    caplog.set_level(logging.INFO, logger="horovod.core.observers.autotune")
     path = tmp_path / "tune.csv"
     tuner = Autotuner(MISTUNED, warmup_samples=1, steps_per_sample=2, samples_per_point=1,
                       bayes_max_samples=2, log_path=str(path))
@@ -308,7 +308,7 @@ def test_constructor_errors_say_what_is_wrong(tmp_path, caplog):
         Autotuner(MISTUNED, categoricals=[("adasum", (True, False))])
     with pytest.raises(ValueError, match="STEPS_PER_SAMPLE"):
         Autotuner(MISTUNED, steps_per_sample=0)
-    caplog.set_level(logging.WARNING, logger="horovod.common.autotune")
+    caplog.set_level(logging.WARNING, logger="horovod.core.observers.autotune")
     tuner = Autotuner(MISTUNED, log_path=str(tmp_path / "missing-dir" / "x.csv"))
     assert not tuner.done
     assert any("cannot write the log" in m for m in caplog.messages)

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from horovod.common.controller import Coordinator
-from horovod.common.messages import BATCH, ERROR, JOIN, TensorResponse, make_request
-from horovod.common.response_cache import ResponseCache
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller import Coordinator
+from horovod.core.controller.messages import BATCH, ERROR, JOIN, TensorResponse, make_request
+from horovod.core.controller.response_cache import ResponseCache
 
 AR, AG, BC, A2A, RS, BAR, JN = (RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.BROADCAST,
                                 RequestType.ALLTOALL, RequestType.REDUCESCATTER, RequestType.BARRIER,

@@ -10,11 +10,11 @@ import pytest
 
 from horovod.backends.local import LocalBackend
 from horovod.common import wire
-from horovod.common.engine import Engine, Entry
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.handles import Handle, several_threads
-from horovod.common.messages import BATCH, TensorResponse, make_request
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller.messages import BATCH, TensorResponse, make_request
+from horovod.core.engine import Engine, Entry
+from horovod.core.engine.handles import Handle, several_threads
 
 
 class FailingBackend(LocalBackend):

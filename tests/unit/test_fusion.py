@@ -1,7 +1,7 @@
 """Tensor Fusion planning: which ready responses share one buffer."""
-from horovod.common.fusion import FUSIBLE, aligned_threshold, nbytes, plan
-from horovod.common.messages import TensorResponse
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller.fusion import FUSIBLE, aligned_threshold, nbytes, plan
+from horovod.core.controller.messages import TensorResponse
 
 F16, F32, F64 = DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64
 

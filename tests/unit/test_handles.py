@@ -5,7 +5,7 @@ import time
 import pytest
 
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.handles import Handle
+from horovod.core.engine.handles import Handle
 
 
 def complete_later(fn, delay=0.05):

@@ -441,7 +441,7 @@ def hvd(MPI, clean_env):
 
 @pytest.mark.parametrize("form", ["comm_self", "rank_list"])
 def test_init_with_a_communicator_at_size_one(hvd, MPI, form):
-    from horovod.common import basics
+    from horovod.core import basics
 
     hvd.init(comm=MPI.COMM_SELF if form == "comm_self" else [0])
     assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size()) == (0, 1, 0, 1)

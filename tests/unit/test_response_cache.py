@@ -1,9 +1,9 @@
 """The response cache: an LRU of responses with stable integer ids."""
 import pytest
 
-from horovod.common.messages import TensorResponse
-from horovod.common.response_cache import CACHEABLE, ResponseCache
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller.messages import TensorResponse
+from horovod.core.controller.response_cache import CACHEABLE, ResponseCache
 
 
 def resp(name, shape=(4,), rtype=RequestType.ALLREDUCE):

@@ -3,7 +3,7 @@ import logging
 
 import pytest
 
-from horovod.common.stall_inspector import (
+from horovod.core.observers.stall_inspector import (
     REPORT,
     SHUTDOWN,
     DeadlockDetector,

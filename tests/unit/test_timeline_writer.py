@@ -6,10 +6,10 @@ import numpy as np
 
 from horovod.backends.local import LocalBackend
 from horovod.common import timeline as tl
-from horovod.common.engine import Engine, Entry
-from horovod.common.handles import Handle
-from horovod.common.messages import make_request
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller.messages import make_request
+from horovod.core.engine import Engine, Entry
+from horovod.core.engine.handles import Handle
 
 PROMPT_SECONDS = 0.1
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
 
+from horovod.common.exceptions import not_initialized
+
 
 class ProcessSet:
     """A sorted set of global ranks; ``process_set_id`` is None until registered."""
@@ -14,6 +16,7 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Union[Sequence[int], object]) -> None:
         self.process_set_id: Optional[int] = None
         self.mpi_comm = None
+        self.own_rank: Optional[int] = None     # this process's global rank, set when the set is registered
         if hasattr(ranks_or_comm, "Get_rank"):
             self.mpi_comm = ranks_or_comm
             self.ranks: Optional[List[int]] = None
@@ -30,18 +33,19 @@ class ProcessSet:
         """This process's rank within the set (None if unregistered or not a member)."""
         if self.process_set_id is None:
             return None
-        from horovod.common import basics
-
-        me = basics.rank()
+        me = self._own()
         return self.ranks.index(me) if self.ranks and me in self.ranks else None
 
     def included(self) -> Optional[bool]:
         """True if this process belongs to the set."""
         if self.process_set_id is None:
             return None
-        from horovod.common import basics
+        return self._own() in (self.ranks or [])
 
-        return basics.rank() in (self.ranks or [])
+    def _own(self) -> int:
+        if self.own_rank is None:
+            raise not_initialized()
+        return self.own_rank
 
     def __str__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"

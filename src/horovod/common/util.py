@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any, Callable, Iterator, List, Optional, Sequence
 
+from horovod.common import build
 from horovod.common.types import ReduceOp
 
 log = logging.getLogger(__name__)
@@ -99,23 +100,17 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
 
 def mpi_built(verbose: bool = False) -> bool:
     """True when mpi4py is installed, so jobs can run on MPI."""
-    from horovod.common import basics
-
-    return basics.mpi_built()
+    return build.mpi_built()
 
 
 def gloo_built(verbose: bool = False) -> bool:
     """True: the built-in controller and data planes take Gloo's role."""
-    from horovod.common import basics
-
-    return basics.gloo_built()
+    return build.gloo_built()
 
 
 def nccl_built(verbose: bool = False) -> int:
     """The NCCL version as upstream's integer, or 0 when there is none."""
-    from horovod.common import basics
-
-    return basics.nccl_built()
+    return build.nccl_built()
 
 
 def ddl_built(verbose: bool = False) -> bool:

@@ -13,7 +13,14 @@ from horovod._keras import api as _api
 from horovod._keras import values as _values
 from horovod._keras.compression import Compression
 from horovod._keras.loading import load_model as _load_model
-from horovod.common.basics import (  # noqa: F401
+from horovod.common.process_sets import (  # noqa: F401
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovod.common.types import Adasum, Average, ReduceOp, Sum  # noqa: F401
+from horovod.core.basics import (  # noqa: F401
     ccl_built,
     cross_rank,
     cross_size,
@@ -37,13 +44,6 @@ from horovod.common.basics import (  # noqa: F401
     start_timeline,
     stop_timeline,
 )
-from horovod.common.process_sets import (  # noqa: F401
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from horovod.common.types import Adasum, Average, ReduceOp, Sum  # noqa: F401
 from horovod.keras import callbacks  # noqa: F401
 
 broadcast_global_variables = _api.broadcast_global_variables

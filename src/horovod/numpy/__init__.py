@@ -11,9 +11,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as _np
 
-from horovod.common import ops as _ops
 from horovod.common import types as _types
-from horovod.common.basics import (
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core import ops as _ops
+from horovod.core.basics import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -37,11 +41,7 @@ from horovod.common.basics import (
     start_timeline,
     stop_timeline,
 )
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.handles import Handle
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core.engine.handles import Handle
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",

@@ -66,7 +66,7 @@ def _probe(module: str, snippet: str, timeout: float = 120.0) -> bool:
 
 def detect() -> BuildInfo:
     """Probe everything (a few seconds when large frameworks are installed)."""
-    from horovod.common import basics
+    from horovod.core import basics
 
     probes = {name: probe for name, probe in _PROBES.items()
               if name not in _BINDINGS or _binding_present(_BINDINGS[name])}

@@ -50,7 +50,7 @@ def make(cls, message: str) -> tf.errors.OpError:
     return cls(None, None, message)
 
 
-# What the coordinator reports when the ranks' requests for a tensor disagree (horovod/common/controller.py).
+# What the coordinator reports when the ranks' requests for a tensor disagree (horovod/core/controller/coordinator.py).
 _NEGOTIATION = re.compile(r"Mismatched |Invalid root rank |Cannot REDUCESCATTER |Rank\(s\) [\d, ]+ tried to "
                           r"|\w+ is not supported with Join")
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-from horovod.common.handles import several_threads
+from horovod.core.engine.handles import several_threads
 from horovod.tensorflow import kernel
 from horovod.tensorflow.errors import translate
 

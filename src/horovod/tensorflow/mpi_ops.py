@@ -25,9 +25,13 @@ from typing import Callable, List, Optional
 import numpy as np
 import tensorflow as tf
 
-from horovod.common import basics, ops
 from horovod.common import types as _types
-from horovod.common.basics import (  # noqa: F401  (re-exported)
+from horovod.common.exceptions import HorovodInternalError  # noqa: F401
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
+from horovod.core import basics, ops
+from horovod.core.basics import (  # noqa: F401  (re-exported)
     ccl_built,
     cross_rank,
     cross_size,
@@ -51,10 +55,6 @@ from horovod.common.basics import (  # noqa: F401  (re-exported)
     start_timeline,
     stop_timeline,
 )
-from horovod.common.exceptions import HorovodInternalError  # noqa: F401
-from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
-from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
 from horovod.tensorflow import errors
 from horovod.tensorflow.graph_call import call as _call
 from horovod.tensorflow.graph_call import collective_chain  # noqa: F401  (re-exported)

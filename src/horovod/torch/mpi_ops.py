@@ -14,9 +14,18 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from horovod.common import basics, ops
 from horovod.common import types as _types
-from horovod.common.basics import (  # noqa: F401  (re-exported)
+from horovod.common.exceptions import HorovodInternalError  # noqa: F401
+from horovod.common.process_sets import (  # noqa: F401  (upstream's mpi_ops exposes all four)
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core import basics, ops
+from horovod.core.basics import (  # noqa: F401  (re-exported)
     ccl_built,
     cross_rank,
     cross_size,
@@ -36,16 +45,7 @@ from horovod.common.basics import (  # noqa: F401  (re-exported)
     rocm_built,
     size,
 )
-from horovod.common.exceptions import HorovodInternalError  # noqa: F401
-from horovod.common.handles import Handle
-from horovod.common.process_sets import (  # noqa: F401  (upstream's mpi_ops exposes all four)
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
-from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core.engine.handles import Handle
 from horovod.torch.compression import Compression
 
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
@@ -57,7 +57,7 @@ _MOVE_DTYPES = _REDUCE_DTYPES | {torch.bool}
 
 
 def init(*args, **kwargs) -> None:
-    """Start Horovod (see ``horovod.common.basics.init``); also resets this binding's handle map."""
+    """Start Horovod (see ``horovod.core.basics.init``); also resets this binding's handle map."""
     _handles.clear()
     basics.init(*args, **kwargs)
 

@@ -3,7 +3,7 @@ result, until rank 0's autotuner is done; then prints ``TUNED <threshold> <cycle
 import numpy as np
 
 import horovod.numpy as hvd
-from horovod.common import basics
+from horovod.core import basics
 
 hvd.init()
 engine = basics.engine()

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import horovod.numpy as hvd
-from horovod.common import ops
+from horovod.core import ops
 
 POLL_SECONDS = 0.01
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 import horovod.numpy as hvd
-from horovod.common import ops
+from horovod.core import ops
 
 LATE = float(sys.argv[1])       # longer than the deadlock window
 TRANSIENT = float(sys.argv[2])  # shorter than it

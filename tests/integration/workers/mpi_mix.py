@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import horovod.numpy as hvd
-from horovod.common import basics
+from horovod.core import basics
 
 world = MPI.COMM_WORLD
 me, n = world.Get_rank(), world.Get_size()

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 import horovod.numpy as hvd
-from horovod.common import basics
+from horovod.core import basics
 
 if len(sys.argv) > 1:
     import mpi4py

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import horovod.numpy as hvd
-from horovod.common import basics
+from horovod.core import basics
 
 world = MPI.COMM_WORLD
 me = world.Get_rank()

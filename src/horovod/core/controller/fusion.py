@@ -11,8 +11,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from horovod.common.messages import TensorResponse
 from horovod.common.types import RequestType, numpy_dtype
+from horovod.core.controller.messages import TensorResponse
 
 FUSIBLE = frozenset({RequestType.ALLREDUCE})
 

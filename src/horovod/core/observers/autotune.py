@@ -15,7 +15,7 @@ What is tuned, in order:
 
 0. The starting values are measured once more after the warmup (the *baseline*): they compete with the
    points the search tries, so a job that was already well tuned keeps its values.
-1. Jointly, by Bayesian optimisation (see :mod:`horovod.common.bayesian_optimization`): the fusion threshold
+1. Jointly, by Bayesian optimisation (see :mod:`horovod.core.observers.bayesian_optimization`): the fusion threshold
    in MB over [0, 64] and the cycle time in ms over [1, 100]: upstream's seed points (4, 5), (32, 50),
    (16, 25), (8, 10), then points proposed by Expected Improvement, ``bayes_max_samples`` points in all. The
    best is the point with the highest score (the baseline included).
@@ -148,7 +148,7 @@ class Autotuner:
         self._seeds: List[np.ndarray] = []
         self._bayes_scored = 0
         if self._free_dims and self._bayes_max_samples > 0:
-            from horovod.common.bayesian_optimization import BayesianOptimizer
+            from horovod.core.observers.bayesian_optimization import BayesianOptimizer
 
             self._optimizer = BayesianOptimizer([CONTINUOUS_BOUNDS[n] for n in self._free_dims],
                                                 noise=gaussian_process_noise, seed=seed)

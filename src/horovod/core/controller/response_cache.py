@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, List, Optional
 
-from horovod.common.messages import TensorResponse
 from horovod.common.types import RequestType
+from horovod.core.controller.messages import TensorResponse
 
 # Broadcast and reducescatter are not cached upstream; barrier and join never are.
 CACHEABLE = frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.ALLTOALL, RequestType.ADASUM})

@@ -13,12 +13,12 @@ from typing import Callable, List, Optional, Sequence, Union
 import cloudpickle
 import numpy as np
 
-from horovod.common import basics
-from horovod.common.engine import Entry
-from horovod.common.handles import Handle
-from horovod.common.messages import make_request
 from horovod.common.process_sets import ProcessSet, check_global
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
+from horovod.core import basics
+from horovod.core.controller.messages import make_request
+from horovod.core.engine import Entry
+from horovod.core.engine.handles import Handle
 
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 Allocators = Union[Allocator, Sequence[Allocator], None]

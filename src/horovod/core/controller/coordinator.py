@@ -12,8 +12,10 @@ import time
 from collections import OrderedDict
 from typing import Dict, List, Optional, Set, Tuple
 
-from horovod.common import fusion
-from horovod.common.messages import (
+from horovod.common.timeline import Timeline
+from horovod.common.types import DataType, ReduceOp, RequestType, numpy_dtype
+from horovod.core.controller import fusion
+from horovod.core.controller.messages import (
     BATCH,
     ERROR,
     JOIN,
@@ -29,9 +31,7 @@ from horovod.common.messages import (
     R_TYPE,
     TensorResponse,
 )
-from horovod.common.response_cache import ResponseCache
-from horovod.common.timeline import Timeline
-from horovod.common.types import DataType, ReduceOp, RequestType, numpy_dtype
+from horovod.core.controller.response_cache import ResponseCache
 
 _OP_NAMES = {int(v): v.name for v in RequestType}
 _DTYPE_NAMES = {int(v): v.name.lower() for v in DataType}

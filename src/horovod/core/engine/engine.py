@@ -36,15 +36,16 @@ import numpy as np
 from horovod.backends.base import Backend
 from horovod.backends.comm import PeerLostError
 from horovod.backends.reduce import scale_inplace, scaled_copy
-from horovod.common import stall_inspector, wire
-from horovod.common.autotune import Autotuner
-from horovod.common.controller import Coordinator
+from horovod.common import wire
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
-from horovod.common.handles import Handle, waits_from_several_threads
-from horovod.common.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
-from horovod.common.response_cache import ResponseCache
 from horovod.common.timeline import Timeline, activity, executing
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
+from horovod.core.controller import Coordinator
+from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
+from horovod.core.controller.response_cache import ResponseCache
+from horovod.core.engine.handles import Handle, waits_from_several_threads
+from horovod.core.observers import stall_inspector
+from horovod.core.observers.autotune import Autotuner
 
 log = logging.getLogger("horovod.engine")
 

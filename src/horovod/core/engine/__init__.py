@@ -1,0 +1,4 @@
+"""The engine: one background thread per process that negotiates and executes collectives."""
+from horovod.core.engine.engine import Engine, Entry
+
+__all__ = ["Engine", "Entry"]
