@@ -283,6 +283,192 @@ def test_hydra_needs_equal_slots():
                                      mpi_run.MPIImplementation(mpi_run.MPICH))
 
 
+# --- every implementation's exact command -------------------------------------------------------------------
+# Written from the commands built before the per-implementation classes (mpi_impls), to hold them byte for byte.
+
+EXACT_ENV = {"PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "1", "HOSTNAME": "h", SECRET_ENV: "s",
+             "NCCL_SOCKET_IFNAME": "lo"}
+BIG = ",".join(f"h{i}:1" for i in range(64))
+EXACT_ALL = dict(nics=["eth0", "ib0"], ssh_port=2222, ssh_identity_file="/k", extra_mpi_args="-v --x 'a b'",
+                 prefix_output_with_timestamp=True, tcp_flag=True)
+EXACT_BINDING = dict(binding_args="--bind-to core -map-by numa")
+EXACT_TWO_HOSTS = dict(num_proc=4, hosts="a:2,b:2", ssh_port=22)
+EXACT_LARGE = dict(num_proc=64, hosts=BIG, ssh_identity_file="/k")
+EXACT_OVERSUBSCRIBED = dict(num_proc=3, hosts="localhost:3")
+
+EXACT_COMMANDS = [
+    pytest.param(('openmpi', 5), {}, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'none', '--map-by', 'slot',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi5-plain'),
+    pytest.param(('openmpi', 5), EXACT_ALL, True, True, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
+        'localhost:2', '--bind-to', 'none', '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 2222 -i /k',
+        '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x', 'NCCL_SOCKET_IFNAME=eth0,ib0', '-x',
+        'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x', '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python',
+        't.py'], id='openmpi5-all'),
+    pytest.param(('openmpi', 5), EXACT_BINDING, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi5-binding'),
+    pytest.param(('openmpi', 5), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'none',
+        '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 22', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x',
+        'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='openmpi5-two-hosts-ssh'),
+    pytest.param(('openmpi', 5), EXACT_LARGE, False, False, [
+        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'none', '--map-by', 'slot', '--mca',
+        'plm_ssh_no_tree_spawn', 'true', '--mca', 'plm_ssh_num_concurrent', '64', '--mca', 'plm_ssh_args',
+        '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi5-large'),
+    pytest.param(('openmpi', 5), EXACT_OVERSUBSCRIBED, False, False, [
+        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
+        '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
+        '-x', 'PATH', 'python', 't.py'], id='openmpi5-oversubscribed'),
+    pytest.param(('openmpi', 4), {}, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'none', '--map-by', 'slot',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi4-plain'),
+    pytest.param(('openmpi', 4), EXACT_ALL, True, True, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
+        'localhost:2', '--bind-to', 'none', '--map-by', 'slot', '--mca', 'plm_rsh_args', '-p 2222 -i /k',
+        '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x', 'NCCL_SOCKET_IFNAME=eth0,ib0', '-x',
+        'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x', '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python',
+        't.py'], id='openmpi4-all'),
+    pytest.param(('openmpi', 4), EXACT_BINDING, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi4-binding'),
+    pytest.param(('openmpi', 4), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'none',
+        '--map-by', 'slot', '--mca', 'plm_rsh_args', '-p 22', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x',
+        'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='openmpi4-two-hosts-ssh'),
+    pytest.param(('openmpi', 4), EXACT_LARGE, False, False, [
+        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'none', '--map-by', 'slot', '--mca',
+        'plm_rsh_no_tree_spawn', 'true', '--mca', 'plm_rsh_num_concurrent', '64', '--mca', 'plm_rsh_args',
+        '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi4-large'),
+    pytest.param(('openmpi', 4), EXACT_OVERSUBSCRIBED, False, False, [
+        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
+        '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
+        '-x', 'PATH', 'python', 't.py'], id='openmpi4-oversubscribed'),
+    pytest.param(('openmpi', None), {}, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'none', '--map-by', 'slot',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi-plain'),
+    pytest.param(('openmpi', None), EXACT_ALL, True, True, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
+        'localhost:2', '--bind-to', 'none', '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 2222 -i /k',
+        '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x', 'NCCL_SOCKET_IFNAME=eth0,ib0', '-x',
+        'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x', '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python',
+        't.py'], id='openmpi-all'),
+    pytest.param(('openmpi', None), EXACT_BINDING, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi-binding'),
+    pytest.param(('openmpi', None), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'none',
+        '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 22', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x',
+        'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='openmpi-two-hosts-ssh'),
+    pytest.param(('openmpi', None), EXACT_LARGE, False, False, [
+        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'none', '--map-by', 'slot', '--mca',
+        'plm_ssh_no_tree_spawn', 'true', '--mca', 'plm_ssh_num_concurrent', '64', '--mca', 'plm_ssh_args',
+        '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='openmpi-large'),
+    pytest.param(('openmpi', None), EXACT_OVERSUBSCRIBED, False, False, [
+        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
+        '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
+        '-x', 'PATH', 'python', 't.py'], id='openmpi-oversubscribed'),
+    pytest.param(('spectrum', 10), {}, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'socket', '--map-by',
+        'socket', '--rank-by', 'core', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x',
+        'PATH', 'python', 't.py'], id='spectrum10-plain'),
+    pytest.param(('spectrum', 10), EXACT_ALL, True, True, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
+        'localhost:2', '--bind-to', 'socket', '--map-by', 'socket', '--rank-by', 'core', '--mca',
+        'plm_rsh_args', '-p 2222 -i /k', '-tcp', '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x',
+        'NCCL_SOCKET_IFNAME=eth0,ib0', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x',
+        '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python', 't.py'], id='spectrum10-all'),
+    pytest.param(('spectrum', 10), EXACT_BINDING, False, False, [
+        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
+        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='spectrum10-binding'),
+    pytest.param(('spectrum', 10), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'socket',
+        '--map-by', 'socket', '--rank-by', 'core', '--mca', 'plm_rsh_args', '-p 22', '-x',
+        'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='spectrum10-two-hosts-ssh'),
+    pytest.param(('spectrum', 10), EXACT_LARGE, False, False, [
+        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'socket', '--map-by', 'socket',
+        '--rank-by', 'core', '--mca', 'plm_rsh_no_tree_spawn', 'true', '--mca', 'plm_rsh_num_concurrent',
+        '64', '--mca', 'plm_rsh_args', '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
+        '-x', 'PATH', 'python', 't.py'], id='spectrum10-large'),
+    pytest.param(('spectrum', 10), EXACT_OVERSUBSCRIBED, False, False, [
+        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'socket', '--map-by',
+        'socket', '--rank-by', 'core', '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD',
+        '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='spectrum10-oversubscribed'),
+    pytest.param(('mpich', 4), {}, False, False, [
+        'mpirun', '-prepend-pattern', '[%r]\x1f', '-print-all-exitcodes', '-np', '2', '-hosts', 'localhost',
+        '-ppn', '2', '-bind-to', 'none', '-genvlist', 'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH',
+        'python', 't.py'], id='mpich4-plain'),
+    pytest.param(('mpich', 4), EXACT_ALL, True, True, [
+        'mpirun', '-prepend-pattern', '[%r]\x1f', '-print-all-exitcodes', '-np', '2', '-hosts', 'localhost',
+        '-ppn', '2', '-bind-to', 'none', '-launcher', 'ssh', '-iface', 'eth0', '-genv', 'NCCL_SOCKET_IFNAME',
+        'eth0,ib0', '-genvlist', 'HOROVOD_FUSION_THRESHOLD,PATH,_HOROVOD_SECRET_KEY', '-v', '--x', 'a b',
+        'python', 't.py'], id='mpich4-all'),
+    pytest.param(('mpich', 4), EXACT_BINDING, False, False, [
+        'mpirun', '-prepend-pattern', '[%r]\x1f', '-print-all-exitcodes', '-np', '2', '-hosts', 'localhost',
+        '-ppn', '2', '--bind-to', 'core', '-map-by', 'numa', '-genvlist',
+        'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH', 'python', 't.py'], id='mpich4-binding'),
+    pytest.param(('mpich', 4), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '-prepend-pattern', '[%r]\x1f', '-print-all-exitcodes', '-np', '4', '-hosts', 'a,b',
+        '-ppn', '2', '-bind-to', 'none', '-launcher', 'ssh', '-genvlist',
+        'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH', 'python', 't.py'], id='mpich4-two-hosts-ssh'),
+    pytest.param(('intel', 2021), {}, False, False, [
+        'mpirun', '-l', '-np', '2', '-hosts', 'localhost', '-ppn', '2', '-bind-to', 'none', '-genvlist',
+        'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH', 'python', 't.py'], id='intel2021-plain'),
+    pytest.param(('intel', 2021), EXACT_ALL, True, True, [
+        'mpirun', '-l', '-np', '2', '-hosts', 'localhost', '-ppn', '2', '-bind-to', 'none', '-bootstrap',
+        'ssh', '-bootstrap-exec-args', '-p 2222 -i /k', '-iface', 'eth0', '-genv', 'NCCL_SOCKET_IFNAME',
+        'eth0,ib0', '-genvlist', 'HOROVOD_FUSION_THRESHOLD,PATH,_HOROVOD_SECRET_KEY', '-v', '--x', 'a b',
+        'python', 't.py'], id='intel2021-all'),
+    pytest.param(('intel', 2021), EXACT_BINDING, False, False, [
+        'mpirun', '-l', '-np', '2', '-hosts', 'localhost', '-ppn', '2', '--bind-to', 'core', '-map-by',
+        'numa', '-genvlist', 'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH', 'python',
+        't.py'], id='intel2021-binding'),
+    pytest.param(('intel', 2021), EXACT_TWO_HOSTS, True, False, [
+        'mpirun', '-l', '-np', '4', '-hosts', 'a,b', '-ppn', '2', '-bind-to', 'none', '-bootstrap', 'ssh',
+        '-bootstrap-exec-args', '-p 22', '-genvlist', 'HOROVOD_FUSION_THRESHOLD,NCCL_SOCKET_IFNAME,PATH',
+        'python', 't.py'], id='intel2021-two-hosts-ssh'),
+]
+
+
+@pytest.mark.parametrize("impl, kw, is_root, export_secret, expected", EXACT_COMMANDS)
+def test_exact_command(impl, kw, is_root, export_secret, expected, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)     # localhost:3 is oversubscribed, localhost:2 is not
+    cmd = mpi_run.build_mpirun_command(settings(**kw), EXACT_ENV, ["python", "t.py"],
+                                       mpi_run.MPIImplementation(*impl), is_root=is_root, export_secret=export_secret)
+    assert cmd == expected
+
+
+def test_implementation_by_name_and_unknown_one():
+    by_name = mpi_run.build_mpirun_command(settings(ssh_port=22), {}, ["x"], mpi_run.OPENMPI, is_root=False)
+    assert by_name == mpi_run.build_mpirun_command(settings(ssh_port=22), {}, ["x"], OMPI5, is_root=False)
+    with pytest.raises(ValueError, match=r"unknown MPI implementation 'lam' \(expected one of openmpi, spectrum, "
+                                         r"mpich, intel\)"):
+        mpi_run.build_mpirun_command(settings(), {}, ["x"], "lam")
+    assert mpi_run.launcher_env(settings(ssh_port=22), "lam") == {}
+    assert mpi_run.launcher_env(settings(ssh_port=22), mpi_run.MPICH) == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 22"}
+
+
+def test_hydra_unequal_slots_and_timestamp_name_the_implementation(caplog):
+    with pytest.raises(ValueError, match=r"^Intel MPI \(Hydra\) runs the same number of ranks on every host \(-ppn\), "
+                                         r"but the hosts have different slots: a:1, b:2\. Give every host"):
+        mpi_run.build_mpirun_command(settings(num_proc=3, hosts="a:1,b:2"), {}, ["x"], mpi_run.INTEL)
+    with caplog.at_level("WARNING", logger="horovod.runner"):
+        mpi_run.build_mpirun_command(settings(prefix_output_with_timestamp=True), {}, ["x"], mpi_run.MPICH)
+    assert "--prefix-output-with-timestamp: MPICH has no timestamp option" in caplog.text
+
+
 # --- MPICH's output, put back into lines ---------------------------------------------------------------------
 
 # What MPICH 5's mpiexec printed (-prepend-pattern "[%r]\x1f") for two ranks that each wrote "a", then "b\n",
