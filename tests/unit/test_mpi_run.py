@@ -324,60 +324,6 @@ EXACT_COMMANDS = [
         'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
         '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
         '-x', 'PATH', 'python', 't.py'], id='openmpi5-oversubscribed'),
-    pytest.param(('openmpi', 4), {}, False, False, [
-        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'none', '--map-by', 'slot',
-        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi4-plain'),
-    pytest.param(('openmpi', 4), EXACT_ALL, True, True, [
-        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
-        'localhost:2', '--bind-to', 'none', '--map-by', 'slot', '--mca', 'plm_rsh_args', '-p 2222 -i /k',
-        '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x', 'NCCL_SOCKET_IFNAME=eth0,ib0', '-x',
-        'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x', '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python',
-        't.py'], id='openmpi4-all'),
-    pytest.param(('openmpi', 4), EXACT_BINDING, False, False, [
-        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
-        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi4-binding'),
-    pytest.param(('openmpi', 4), EXACT_TWO_HOSTS, True, False, [
-        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'none',
-        '--map-by', 'slot', '--mca', 'plm_rsh_args', '-p 22', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x',
-        'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='openmpi4-two-hosts-ssh'),
-    pytest.param(('openmpi', 4), EXACT_LARGE, False, False, [
-        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'none', '--map-by', 'slot', '--mca',
-        'plm_rsh_no_tree_spawn', 'true', '--mca', 'plm_rsh_num_concurrent', '64', '--mca', 'plm_rsh_args',
-        '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi4-large'),
-    pytest.param(('openmpi', 4), EXACT_OVERSUBSCRIBED, False, False, [
-        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
-        '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
-        '-x', 'PATH', 'python', 't.py'], id='openmpi4-oversubscribed'),
-    pytest.param(('openmpi', None), {}, False, False, [
-        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'none', '--map-by', 'slot',
-        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi-plain'),
-    pytest.param(('openmpi', None), EXACT_ALL, True, True, [
-        'mpirun', '--allow-run-as-root', '--tag-output', '--timestamp-output', '-np', '2', '-H',
-        'localhost:2', '--bind-to', 'none', '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 2222 -i /k',
-        '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x', 'NCCL_SOCKET_IFNAME=eth0,ib0', '-x',
-        'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x', '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python',
-        't.py'], id='openmpi-all'),
-    pytest.param(('openmpi', None), EXACT_BINDING, False, False, [
-        'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
-        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi-binding'),
-    pytest.param(('openmpi', None), EXACT_TWO_HOSTS, True, False, [
-        'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'none',
-        '--map-by', 'slot', '--mca', 'plm_ssh_args', '-p 22', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x',
-        'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python', 't.py'], id='openmpi-two-hosts-ssh'),
-    pytest.param(('openmpi', None), EXACT_LARGE, False, False, [
-        'mpirun', '--tag-output', '-np', '64', '-H', BIG, '--bind-to', 'none', '--map-by', 'slot', '--mca',
-        'plm_ssh_no_tree_spawn', 'true', '--mca', 'plm_ssh_num_concurrent', '64', '--mca', 'plm_ssh_args',
-        '-i /k', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='openmpi-large'),
-    pytest.param(('openmpi', None), EXACT_OVERSUBSCRIBED, False, False, [
-        'mpirun', '--tag-output', '-np', '3', '-H', 'localhost:3', '--bind-to', 'none', '--map-by', 'slot',
-        '--mca', 'mpi_yield_when_idle', '1', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME',
-        '-x', 'PATH', 'python', 't.py'], id='openmpi-oversubscribed'),
     pytest.param(('spectrum', 10), {}, False, False, [
         'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'socket', '--map-by',
         'socket', '--rank-by', 'core', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x',
@@ -388,10 +334,10 @@ EXACT_COMMANDS = [
         'plm_rsh_args', '-p 2222 -i /k', '-tcp', '--mca', 'btl_tcp_if_include', 'eth0,ib0', '-x',
         'NCCL_SOCKET_IFNAME=eth0,ib0', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'PATH', '-x',
         '_HOROVOD_SECRET_KEY', '-v', '--x', 'a b', 'python', 't.py'], id='spectrum10-all'),
-    pytest.param(('spectrum', 10), EXACT_BINDING, False, False, [
+    pytest.param(('spectrum', 10), dict(EXACT_BINDING, tcp_flag=True), False, False, [
         'mpirun', '--tag-output', '-np', '2', '-H', 'localhost:2', '--bind-to', 'core', '-map-by', 'numa',
-        '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
-        't.py'], id='spectrum10-binding'),
+        '-tcp', '-x', 'HOROVOD_FUSION_THRESHOLD', '-x', 'NCCL_SOCKET_IFNAME', '-x', 'PATH', 'python',
+        't.py'], id='spectrum10-binding-tcp'),
     pytest.param(('spectrum', 10), EXACT_TWO_HOSTS, True, False, [
         'mpirun', '--allow-run-as-root', '--tag-output', '-np', '4', '-H', 'a:2,b:2', '--bind-to', 'socket',
         '--map-by', 'socket', '--rank-by', 'core', '--mca', 'plm_rsh_args', '-p 22', '-x',
@@ -448,6 +394,18 @@ def test_exact_command(impl, kw, is_root, export_secret, expected, monkeypatch):
     cmd = mpi_run.build_mpirun_command(settings(**kw), EXACT_ENV, ["python", "t.py"],
                                        mpi_run.MPIImplementation(*impl), is_root=is_root, export_secret=export_secret)
     assert cmd == expected
+
+
+@pytest.mark.parametrize("impl, kw, is_root, export_secret, ompi5",
+                         [p for p in EXACT_COMMANDS if p.values[0] == ("openmpi", 5)])
+def test_exact_command_of_openmpi4_and_unversioned(impl, kw, is_root, export_secret, ompi5, monkeypatch):
+    # Open MPI 4's ssh launcher is plm_rsh (5 renamed it plm_ssh); an Open MPI that printed no version is taken
+    # as 5. Nothing else differs from the Open MPI 5 rows above.
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for other, expected in ((OMPI4, [a.replace("plm_ssh_", "plm_rsh_") for a in ompi5]),
+                            (mpi_run.MPIImplementation(mpi_run.OPENMPI), ompi5)):
+        assert mpi_run.build_mpirun_command(settings(**kw), EXACT_ENV, ["python", "t.py"], other, is_root=is_root,
+                                            export_secret=export_secret) == expected
 
 
 def test_implementation_by_name_and_unknown_one():

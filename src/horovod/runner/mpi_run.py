@@ -27,31 +27,45 @@ What differs from upstream, on purpose:
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import IO, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from horovod.common.wire import SECRET_ENV
 
-from .common.util.env import is_exportable
-from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts, parse_hosts_and_slots
+from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
 from .common.util.settings import Settings
-from .mpi_failures import (  # noqa: F401 (ParsedFailure and HydraDemux are part of this module's API)
+from .mpi_failures import (
     ParsedFailure,
     describe_exit_codes,
     hydra_first_failure,
     parse_failure,
     parse_hydra_exit_codes,
+)
+from .mpi_impls import (  # noqa: F401 (the constants, MPIImplementation, exported_env_names: this module's API)
+    HYDRA_BINDING,
+    HYDRA_IMPLEMENTATIONS,
+    IMPLEMENTATIONS,
+    INTEL,
+    LARGE_CLUSTER_THRESHOLD,
+    MPICH,
+    OPENMPI,
+    OPENMPI_BINDING,
+    SPECTRUM,
+    SPECTRUM_BINDING,
+    MPIFlavor,
+    MPIImplementation,
+    MpirunJob,
+    exported_env_names,
+    flavor_of,
 )
 from .mpi_output import MPICH_PREPEND_PATTERN, HydraDemux, MpirunOutput  # noqa: F401
 from .process import (
@@ -66,15 +80,6 @@ from .process import (
 
 log = logging.getLogger("horovod.runner")
 
-OPENMPI = "openmpi"
-SPECTRUM = "spectrum"
-MPICH = "mpich"
-INTEL = "intel"
-IMPLEMENTATIONS = (OPENMPI, SPECTRUM, MPICH, INTEL)
-HYDRA_IMPLEMENTATIONS = (MPICH, INTEL)   # the Hydra process manager: -hosts/-ppn, -genv, -l
-
-# Upstream's threshold above which Open MPI's ssh launcher needs help (tree spawn off, more concurrent ssh).
-LARGE_CLUSTER_THRESHOLD = 64
 VERSION_TIMEOUT = 30.0
 STOP_GRACE_SECONDS = 10.0
 
@@ -84,20 +89,6 @@ INSTALL_ADVICE = (
     "--mpi: the default built-in controller needs no MPI."
 )
 
-# Open MPI's binding for Horovod (one rank per slot, unbound: a rank runs several threads), and Spectrum MPI's.
-OPENMPI_BINDING = ["--bind-to", "none", "--map-by", "slot"]
-SPECTRUM_BINDING = ["--bind-to", "socket", "--map-by", "socket", "--rank-by", "core"]
-HYDRA_BINDING = ["-bind-to", "none"]
-
-# Never exported to the ranks: values that belong to one host or one shell (the launcher's host name, its ssh
-# session, the shell's ``$_``), and the per-process variables of a launcher this horovodrun may itself run
-# under (nested jobs): the ranks get their own from mpirun. OMPI_MCA_*/PRTE_MCA_*/PMIX_MCA_* settings are kept.
-_HOST_SPECIFIC = re.compile(r"HOSTNAME|_|SSH_\w*")
-_LAUNCHER_INTERNAL = re.compile(
-    r"(?:OMPI|PRTE|PMIX)_(?!MCA_)\w*|PMI_\w*|HYDI_\w*|MPI_LOCALRANKID|MPI_LOCALNRANKS|"
-    r"HOROVOD_(?:HOSTNAME|RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|"
-    r"GLOO_RENDEZVOUS_ADDR|GLOO_RENDEZVOUS_PORT)"
-)
 # Topology and rendezvous variables of an enclosing horovodrun job: removed from mpirun's own environment too,
 # or local ranks would inherit them and take the wrong place in the job.
 _STALE_TOPOLOGY = re.compile(
@@ -117,22 +108,6 @@ class MpirunError(RuntimeError):
         self.returncode = returncode
         self.exit_code = returncode if 0 < returncode < 256 else (128 - returncode if returncode < 0 else 1)
         super().__init__(message)
-
-
-@dataclasses.dataclass(frozen=True)
-class MPIImplementation:
-    """Which MPI ``mpirun`` belongs to: ``name`` is one of IMPLEMENTATIONS; ``major`` when it was printed."""
-
-    name: str
-    major: Optional[int] = None
-    version_text: str = ""
-
-    @property
-    def ssh_mca_prefix(self) -> str:
-        """``plm_ssh`` for Open MPI 5 and later (PRRTE renamed the rsh launcher), else ``plm_rsh``."""
-        if self.name == OPENMPI and (self.major is None or self.major >= 5):
-            return "plm_ssh"
-        return "plm_rsh"
 
 
 # --- finding and identifying mpirun ---------------------------------------------------------------------------
@@ -155,24 +130,7 @@ def parse_mpi_version(output: str) -> Optional[MPIImplementation]:
     The specific names are checked before the generic ones: Spectrum MPI derives from Open MPI, and Intel MPI's
     launcher is a Hydra, like MPICH's.
     """
-    text = output.strip()
-    if "IBM Spectrum MPI" in text:
-        return MPIImplementation(SPECTRUM, _major(r"IBM Spectrum MPI\)?\s+(\d+)", text), text)
-    if "Open MPI" in text or "OpenRTE" in text:
-        return MPIImplementation(OPENMPI, _major(r"\((?:Open MPI|OpenRTE)\)\s+(\d+)", text), text)
-    if re.search(r"\bprterun\b|\bPRRTE\b", text):
-        # A standalone PRRTE (the runtime of Open MPI 5) or an Open MPI that reports its runtime's name.
-        return MPIImplementation(OPENMPI, 5, text)
-    if "Intel(R) MPI" in text:
-        return MPIImplementation(INTEL, _major(r"Version\s+(\d+)", text), text)
-    if "MPICH" in text or "HYDRA" in text:
-        return MPIImplementation(MPICH, _major(r"Version:\s+(\d+)", text), text)
-    return None
-
-
-def _major(pattern: str, text: str) -> Optional[int]:
-    match = re.search(pattern, text)
-    return int(match.group(1)) if match else None
+    return MPIFlavor.detect(output.strip())
 
 
 def detect_mpi(mpirun: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> Tuple[str, MPIImplementation]:
@@ -214,35 +172,6 @@ def detect_mpi_implementation(mpirun: str) -> str:
 
 # --- the command line ---------------------------------------------------------------------------------------
 
-def exported_env_names(env: Mapping[str, str], exclude: Iterable[str] = ()) -> List[str]:
-    """The names of the variables of ``env`` that mpirun exports to every rank, sorted.
-
-    That is every variable the default mode forwards (see ``common.util.env``: never the secret, shell functions,
-    ``OLDPWD`` or ``*CUDA_VISIBLE_DEVICES``), less host- and launcher-specific ones (``HOSTNAME``, ``SSH_*``,
-    ``_``, an enclosing job's ``OMPI_*``/``PMI_*``/``HOROVOD_RANK``...) and ``exclude``.
-    """
-    skip = set(exclude)
-    return sorted(
-        name for name in env
-        if name not in skip and is_exportable(name)
-        and not _HOST_SPECIFIC.fullmatch(name) and not _LAUNCHER_INTERNAL.fullmatch(name)
-    )
-
-
-def _is_root() -> bool:
-    geteuid = getattr(os, "geteuid", None)
-    return geteuid is not None and geteuid() == 0
-
-
-def _ssh_args(settings: Settings) -> List[str]:
-    args: List[str] = []
-    if settings.ssh_port:
-        args += ["-p", str(settings.ssh_port)]
-    if settings.ssh_identity_file:
-        args += ["-i", settings.ssh_identity_file]
-    return args
-
-
 def build_mpirun_command(settings: Settings, env: Mapping[str, str], command: Sequence[str],
                          impl: MPIImplementation | str, mpirun: str = "mpirun",
                          nics: Optional[Sequence[str]] = None, export_secret: bool = False,
@@ -253,94 +182,16 @@ def build_mpirun_command(settings: Settings, env: Mapping[str, str], command: Se
     own environment). ``export_secret`` adds ``_HOROVOD_SECRET_KEY`` by name (``horovod.run`` only). ``nics``
     defaults to ``settings.nics``. ValueError for hosts that Hydra cannot express (different slot counts).
     """
-    if isinstance(impl, str):
-        impl = MPIImplementation(impl)
-    if impl.name not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown MPI implementation {impl.name!r} (expected one of {', '.join(IMPLEMENTATIONS)})")
-    nics = list(nics if nics is not None else (settings.nics or []))
-    is_root = _is_root() if is_root is None else is_root
-    host_names, host_to_slots = parse_hosts_and_slots(settings.hosts)
-    user_binding = shlex.split(settings.binding_args) if settings.binding_args else None
-    ssh_args = _ssh_args(settings)
-    exclude = {"NCCL_SOCKET_IFNAME"} if nics else set()
-    names = exported_env_names(env, exclude)
-    if export_secret and env.get(SECRET_ENV):
-        names.append(SECRET_ENV)
-
-    cmd = [mpirun]
-    if impl.name in HYDRA_IMPLEMENTATIONS:
-        slots = {host_to_slots[h] for h in host_names}
-        if len(slots) > 1:
-            listing = ", ".join(f"{h}:{host_to_slots[h]}" for h in host_names)
-            raise ValueError(
-                f"{'Intel MPI' if impl.name == INTEL else 'MPICH'} (Hydra) runs the same number of ranks on every "
-                f"host (-ppn), but the hosts have different slots: {listing}. Give every host the same slots, "
-                "or pass your own machine file with --mpi-args."
-            )
-        if impl.name == MPICH:
-            cmd += ["-prepend-pattern", MPICH_PREPEND_PATTERN, "-print-all-exitcodes"]
-        else:
-            cmd.append("-l")
-        cmd += ["-np", str(settings.num_proc), "-hosts", ",".join(host_names),
-                "-ppn", str(host_to_slots[host_names[0]])]
-        cmd += user_binding if user_binding is not None else HYDRA_BINDING
-        if ssh_args and impl.name == MPICH:
-            cmd += ["-launcher", "ssh"]     # the ssh options go in HYDRA_LAUNCHER_EXTRA_ARGS (launcher_env)
-        elif ssh_args:
-            cmd += ["-bootstrap", "ssh", "-bootstrap-exec-args", " ".join(ssh_args)]
-        if nics:
-            cmd += ["-iface", nics[0], "-genv", "NCCL_SOCKET_IFNAME", ",".join(nics)]
-        if settings.prefix_output_with_timestamp:
-            log.warning("--prefix-output-with-timestamp: %s has no timestamp option; output is not timestamped",
-                        "Intel MPI" if impl.name == INTEL else "MPICH")
-        if names:
-            cmd += ["-genvlist", ",".join(names)]
-    else:
-        if is_root:
-            cmd.append("--allow-run-as-root")
-        cmd.append("--tag-output")
-        if settings.prefix_output_with_timestamp:
-            cmd.append("--timestamp-output")
-        cmd += ["-np", str(settings.num_proc), "-H", settings.hosts]
-        if user_binding is not None:
-            cmd += user_binding
-        else:
-            cmd += SPECTRUM_BINDING if impl.name == SPECTRUM else OPENMPI_BINDING
-        plm = impl.ssh_mca_prefix
-        if len(host_names) >= LARGE_CLUSTER_THRESHOLD:
-            cmd += ["--mca", f"{plm}_no_tree_spawn", "true", "--mca", f"{plm}_num_concurrent", str(len(host_names))]
-        if ssh_args:
-            cmd += ["--mca", f"{plm}_args", " ".join(ssh_args)]
-        if _oversubscribed_here(host_names, host_to_slots, settings.num_proc):
-            # More ranks than cores on this machine: Open MPI sees -H slots, not cores, and would busy-poll,
-            # stealing the cores the ranks need (measured: 2x slower at 3 ranks on 2 cores).
-            cmd += ["--mca", "mpi_yield_when_idle", "1"]
-        if impl.name == SPECTRUM and settings.tcp_flag:
-            cmd.append("-tcp")
-        if nics:
-            cmd += ["--mca", "btl_tcp_if_include", ",".join(nics), "-x", f"NCCL_SOCKET_IFNAME={','.join(nics)}"]
-        for name in names:
-            cmd += ["-x", name]
-    if settings.extra_mpi_args:
-        cmd += shlex.split(settings.extra_mpi_args)
-    cmd += list(command)
-    return cmd
-
-
-def _oversubscribed_here(host_names: Sequence[str], host_to_slots: Mapping[str, int], num_proc: int) -> bool:
-    """True when every host is this machine and the job has more ranks than it has cores."""
-    local = {"localhost", "127.0.0.1", socket.gethostname()}
-    return all(h in local for h in host_names) and num_proc > (os.cpu_count() or 1)
+    flavor = flavor_of(impl)
+    job = MpirunJob.from_settings(settings, env, nics, export_secret, is_root)
+    return flavor.command(job, mpirun, command)
 
 
 def launcher_env(settings: Settings, impl: MPIImplementation | str) -> Dict[str, str]:
     """Variables for mpirun itself (not exported to the ranks): MPICH's ssh launcher takes the ssh options from
     ``HYDRA_LAUNCHER_EXTRA_ARGS`` (split at spaces), having no command-line flag for them."""
     name = impl if isinstance(impl, str) else impl.name
-    ssh_args = _ssh_args(settings)
-    if name == MPICH and ssh_args:
-        return {"HYDRA_LAUNCHER_EXTRA_ARGS": " ".join(ssh_args)}
-    return {}
+    return flavor_of(name).launcher_env(settings) if name in IMPLEMENTATIONS else {}
 
 
 def mpirun_env(env: Mapping[str, str], export_secret: bool = False) -> Dict[str, str]:
@@ -409,49 +260,48 @@ def _host_of(rank: int, plan: Sequence[SlotInfo], settings: Settings) -> Optiona
     return plan[rank].hostname
 
 
-def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, command: Sequence[str],
-            impl: MPIImplementation, stdin: Optional[int] = None, stdout: Optional[IO[str]] = None,
-            stderr: Optional[IO[str]] = None, grace: float = STOP_GRACE_SECONDS) -> None:
-    """Run ``cmd`` (mpirun) to completion with ``env`` as its environment, forwarding its output.
-
-    Returns when it exits 0. Raises JobFailedError naming the first failed rank (parsed from mpirun's report),
-    MpirunError when mpirun failed without naming one, KeyboardInterrupt / JobInterruptedError when the launcher
-    got SIGINT / SIGTERM or SIGHUP (forwarded to mpirun first), WorkerStartError when mpirun cannot start.
-    """
-    plan = get_host_assignments(parse_hosts(settings.hosts), settings.num_proc, settings.num_proc)
-    output = MpirunOutput(settings.num_proc, settings.output_filename, stdout, stderr,
-                          hydra=impl.name in HYDRA_IMPLEMENTATIONS, demux=impl.name == MPICH,
-                          strip_space=impl.name == OPENMPI and (impl.major is None or impl.major >= 5))
+def _start_mpirun(cmd: Sequence[str], env: Mapping[str, str], stdin: Optional[int]) -> subprocess.Popen:
+    """Start mpirun in a session of its own, its output piped; WorkerStartError when it cannot start."""
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             list(cmd), env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True,          # Ctrl-C reaches horovodrun only; it forwards one signal to mpirun
             preexec_fn=_die_with_parent_fn(),  # mpirun gets SIGTERM if horovodrun dies without cleaning up
         )
     except OSError as exc:
         raise WorkerStartError(f"Could not start {cmd[0]}: {exc.strerror or exc}. {INSTALL_ADVICE}") from exc
-    received: List[int] = []
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM mpirun if it still runs; SIGKILL its process group if it outlives ``grace``."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+
+
+def _run_to_completion(proc: subprocess.Popen, output: MpirunOutput, received: List[int],
+                       grace: float) -> int:
+    """Forward mpirun's output and the launcher's stop signals (into ``received``) until mpirun exits; its
+    return code. Stops mpirun when the wait itself is interrupted (an exception other than a stop signal)."""
     previous = _install_forwarding(proc, received)
-    pumps = [threading.Thread(target=output.pump, args=(proc.stdout, "stdout"), name="horovodrun-mpirun-stdout",
-                              daemon=True),
-             threading.Thread(target=output.pump, args=(proc.stderr, "stderr"), name="horovodrun-mpirun-stderr",
-                              daemon=True)]
+    pumps = [threading.Thread(target=output.pump, args=(getattr(proc, stream), stream),
+                              name=f"horovodrun-mpirun-{stream}", daemon=True)
+             for stream in ("stdout", "stderr")]
     for t in pumps:
         t.start()
     try:
         try:
-            returncode = _wait(proc, received, grace)
+            return _wait(proc, received, grace)
         except BaseException:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-                    proc.wait()
+            _stop(proc, grace)
             raise
         finally:
             deadline = time.monotonic() + 5.0
@@ -461,16 +311,22 @@ def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, comm
         restore_signal_handlers(previous)
         output.close()
 
-    if received:
-        log.error("Received %s: mpirun stopped the job.", signal.Signals(received[0]).name)
-        if received[0] == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise JobInterruptedError(received[0])
-    if returncode == 0:
-        return
+
+def _raise_interrupted(signum: int) -> NoReturn:
+    """KeyboardInterrupt for SIGINT, JobInterruptedError for SIGTERM/SIGHUP: the launcher was stopped."""
+    log.error("Received %s: mpirun stopped the job.", signal.Signals(signum).name)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise JobInterruptedError(signum)
+
+
+def _find_failure(output: MpirunOutput, settings: Settings,
+                  flavor: MPIFlavor) -> Tuple[Optional[ParsedFailure], str]:
+    """The first failed rank as mpirun reported it (None when it named none), and every rank's status when
+    the implementation listed them all (MPICH's -print-all-exitcodes), else ""."""
     failure = None
     statuses = ""
-    if impl.name == MPICH:   # -print-all-exitcodes; its ranks are in -ppn order unless the placement was changed
+    if flavor.prints_exit_codes():   # its ranks are in -ppn order unless the placement was changed
         codes = (parse_hydra_exit_codes("\n".join(output.untagged["stdout"]))
                  or parse_hydra_exit_codes("\n".join(output.untagged["stderr"])))
         if codes is not None and len(codes) == settings.num_proc and not _hydra_placement_changed(settings):
@@ -479,6 +335,13 @@ def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, comm
     if failure is None and not statuses:
         failure = (parse_failure("\n".join(output.untagged["stderr"]))
                    or parse_failure("\n".join(output.untagged["stdout"])))
+    return failure, statuses
+
+
+def _raise_failure(returncode: int, output: MpirunOutput, settings: Settings, command: Sequence[str],
+                   flavor: MPIFlavor, plan: Sequence[SlotInfo]) -> NoReturn:
+    """JobFailedError naming the first failed rank, else MpirunError saying what is known."""
+    failure, statuses = _find_failure(output, settings, flavor)
     command_text = shlex.join(command)
     if failure is not None and failure.rank is not None:
         hostname = failure.hostname or _host_of(failure.rank, plan, settings) or "unknown (see mpirun's report)"
@@ -497,6 +360,28 @@ def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, comm
         f"mpirun exited with code {returncode} and named no failed rank (see its messages above). "
         f"Command: {command_text}",
     )
+
+
+def execute(cmd: Sequence[str], env: Mapping[str, str], settings: Settings, command: Sequence[str],
+            impl: MPIImplementation, stdin: Optional[int] = None, stdout: Optional[IO[str]] = None,
+            stderr: Optional[IO[str]] = None, grace: float = STOP_GRACE_SECONDS) -> None:
+    """Run ``cmd`` (mpirun) to completion with ``env`` as its environment, forwarding its output.
+
+    Returns when it exits 0. Raises JobFailedError naming the first failed rank (parsed from mpirun's report),
+    MpirunError when mpirun failed without naming one, KeyboardInterrupt / JobInterruptedError when the launcher
+    got SIGINT / SIGTERM or SIGHUP (forwarded to mpirun first), WorkerStartError when mpirun cannot start.
+    """
+    flavor = flavor_of(impl)
+    plan = get_host_assignments(parse_hosts(settings.hosts), settings.num_proc, settings.num_proc)
+    output = MpirunOutput(settings.num_proc, settings.output_filename, stdout, stderr, hydra=flavor.hydra,
+                          demux=flavor.regroups_writes(), strip_space=flavor.strips_tag_space())
+    proc = _start_mpirun(cmd, env, stdin)
+    received: List[int] = []
+    returncode = _run_to_completion(proc, output, received, grace)
+    if received:
+        _raise_interrupted(received[0])
+    if returncode != 0:
+        _raise_failure(returncode, output, settings, command, flavor, plan)
 
 
 def mpi_run(settings: Settings, nics: Optional[Sequence[str]], env: Mapping[str, str], command: Sequence[str],
