@@ -14,7 +14,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 
@@ -116,6 +116,65 @@ def default_bind_address() -> str:
     return "127.0.0.1"
 
 
+def _listen(bind_addr: str, uds_name: str, size: int) -> List[socket.socket]:
+    """This rank's two listening sockets: TCP on ``bind_addr`` (any port) and the abstract Unix ``uds_name``."""
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind((bind_addr, 0))
+    tcp.listen(2 * size + 8)
+    uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    enlarge_buffers(uds)
+    uds.bind(uds_name)
+    uds.listen(2 * size + 8)
+    return [tcp, uds]
+
+
+def _greet(conn: socket.socket, key: bytes, generation: int, size: int) -> Tuple[str, int]:
+    """Authenticate an accepted connection: its purpose (``data``/``ctrl``) and its peer's rank. Raises
+    AuthenticationError, OSError, ValueError or TypeError for a connection that is not a peer of this job."""
+    enlarge_buffers(conn)
+    wire.tune_socket(conn)
+    hello = wire.unpack(wire.accept_handshake(conn, key, timeout=5.0))
+    purpose, peer, gen = hello
+    if gen != generation or not (0 <= peer < size):
+        raise wire.AuthenticationError(f"unexpected hello {hello!r}")
+    return purpose, peer
+
+
+def _accept_peers(listeners: List[socket.socket], expected: int, key: bytes, generation: int, rank: int,
+                  size: int, deadline: float, data: List[Optional[socket.socket]],
+                  control: Dict[int, socket.socket], errors: List[BaseException]) -> None:
+    """Accept ``expected`` authenticated connections into ``data`` / ``control`` (by the peer's rank) before
+    ``deadline``; what stopped it goes into ``errors``. Connections that fail the handshake are dropped."""
+    selector = selectors.DefaultSelector()
+    for listener in listeners:
+        selector.register(listener, selectors.EVENT_READ)
+    got = 0
+    try:
+        while got < expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out waiting for peers to connect")
+            for ready, _ in selector.select(min(remaining, 0.5)):
+                conn, _addr = ready.fileobj.accept()
+                try:
+                    purpose, peer = _greet(conn, key, generation, size)
+                except (OSError, wire.AuthenticationError, ValueError, TypeError) as exc:
+                    log.warning("rank %d: rejected a connection: %s", rank, exc)
+                    conn.close()
+                    continue
+                conn.settimeout(None)
+                if purpose == "ctrl":
+                    control[peer] = conn
+                else:
+                    data[peer] = conn
+                got += 1
+    except BaseException as exc:
+        errors.append(exc)
+    finally:
+        selector.close()
+
+
 def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, timeout: float,
                bind_addr: str) -> Mesh:
     """Connect this rank to every other rank of the job (called by every rank at init).
@@ -125,61 +184,19 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, ti
     """
     deadline = time.monotonic() + timeout
     rank, size = topo.rank, topo.size
-    job = wire.secret_fingerprint(key)
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    tcp.bind((bind_addr, 0))
-    tcp.listen(2 * size + 8)
-    uds_name = f"\0horovod-{job}-{generation}-{topo.hostname}-{rank}"
-    uds = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    enlarge_buffers(uds)
-    uds.bind(uds_name)
-    uds.listen(2 * size + 8)
-    listeners = [tcp, uds]
-    me = {"host": topo.hostname, "addr": bind_addr, "port": tcp.getsockname()[1], "uds": uds_name, "rank": rank,
-          "size": size}
+    uds_name = f"\0horovod-{wire.secret_fingerprint(key)}-{generation}-{topo.hostname}-{rank}"
+    listeners = _listen(bind_addr, uds_name, size)
+    me = {"host": topo.hostname, "addr": bind_addr, "port": listeners[0].getsockname()[1], "uds": uds_name,
+          "rank": rank, "size": size}
     infos = publish(me, max(0.1, deadline - time.monotonic()))
     hosts = [i["host"] for i in infos]
     data: List[Optional[socket.socket]] = [None] * size
     control: Dict[int, socket.socket] = {}
     expected = (size - 1 - rank) + (size - 1 if rank == 0 else 0)
     errors: List[BaseException] = []
-
-    def accept_all() -> None:
-        selector = selectors.DefaultSelector()
-        for listener in listeners:
-            selector.register(listener, selectors.EVENT_READ)
-        got = 0
-        try:
-            while got < expected:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError("timed out waiting for peers to connect")
-                for ready, _ in selector.select(min(remaining, 0.5)):
-                    conn, _addr = ready.fileobj.accept()
-                    try:
-                        enlarge_buffers(conn)
-                        wire.tune_socket(conn)
-                        hello = wire.unpack(wire.accept_handshake(conn, key, timeout=5.0))
-                        purpose, peer, gen = hello
-                        if gen != generation or not (0 <= peer < size):
-                            raise wire.AuthenticationError(f"unexpected hello {hello!r}")
-                    except (OSError, wire.AuthenticationError, ValueError, TypeError) as exc:
-                        log.warning("rank %d: rejected a connection: %s", rank, exc)
-                        conn.close()
-                        continue
-                    conn.settimeout(None)
-                    if purpose == "ctrl":
-                        control[peer] = conn
-                    else:
-                        data[peer] = conn
-                    got += 1
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            selector.close()
-
-    acceptor = threading.Thread(target=accept_all, name="horovod-accept", daemon=True)
+    acceptor = threading.Thread(target=_accept_peers, name="horovod-accept", daemon=True,
+                                args=(listeners, expected, key, generation, rank, size, deadline, data, control,
+                                      errors))
     acceptor.start()
     try:
         for peer in range(rank):
@@ -194,11 +211,9 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, ti
         missing = [p for p in range(rank + 1, size) if data[p] is None]
         raise TimeoutError(f"Rank(s) {missing} did not connect to rank {rank} within {timeout:.0f}s "
                            f"({errors[0] if errors else 'timeout'}).")
-    for sock in data:
+    for sock in list(data) + list(control.values()):
         if sock is not None:
             sock.setblocking(True)
-    for sock in control.values():
-        sock.setblocking(True)
     # Everyone is connected: stop listening, so that later connection attempts are refused outright.
     for listener in listeners:
         listener.close()
