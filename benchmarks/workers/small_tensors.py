@@ -20,6 +20,7 @@ import numpy as np
 import horovod.numpy as hvd
 from horovod.core import basics, ops
 from horovod.core.observers.autotune import make_autotuner
+from horovod.core.observers.tuning import AutotuneObserver, tuning
 
 MIB = 1 << 20
 GRID = [(4 * MIB, 1.0), (16 * MIB, 1.0), (64 * MIB, 1.0), (4 * MIB, 5.0), (16 * MIB, 5.0), (64 * MIB, 5.0),
@@ -50,16 +51,20 @@ def main() -> None:
 
     start = {"fusion_threshold": args.start_threshold, "cycle_time_ms": args.start_cycle, "cache_enabled": True}
     if hvd.rank() == 0:
-        engine._set_params(start)               # only rank 0 plans fusion and holds tensors back
-        engine.autotuner = make_autotuner(start)
-        assert engine.autotuner is not None, "run with HOROVOD_AUTOTUNE=1"
+        engine.set_params(start)                # only rank 0 plans fusion and holds tensors back
+        old = tuning(engine)
+        if old is not None:
+            engine.remove_observer(old)
+        tuner = make_autotuner(start)
+        assert tuner is not None, "run with HOROVOD_AUTOTUNE=1"
+        engine.add_observer(AutotuneObserver(tuner))
     flag = np.zeros(1, np.int32)
     tuning_steps = 0
     while tuning_steps < args.max_tuning_steps:
         for _ in range(25):
             step()
         tuning_steps += 25
-        flag[0] = int(hvd.rank() == 0 and engine.autotuner is None)
+        flag[0] = int(hvd.rank() == 0 and tuning(engine) is None)
         if hvd.broadcast(flag, 0, name="bench.tuned")[0]:
             break
     tuned = hvd.broadcast_object(
@@ -75,7 +80,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, params in configs.items():
             hvd.barrier()                       # nothing in flight: safe to switch the engine's knobs
-            engine._set_params(params)
+            engine.set_params(params)
             for _ in range(5):
                 step()
             hvd.barrier()

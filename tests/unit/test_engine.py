@@ -15,6 +15,7 @@ from horovod.common.types import DataType, ReduceOp, RequestType
 from horovod.core.controller.messages import BATCH, TensorResponse, make_request
 from horovod.core.engine import Engine, Entry
 from horovod.core.engine.handles import Handle, several_threads
+from horovod.core.engine.settings import EngineSettings
 
 
 class FailingBackend(LocalBackend):
@@ -34,9 +35,11 @@ class BlockingBackend(LocalBackend):
         self.release.wait(10)
 
 
+SMALL = dict(cache_capacity=16, fusion_threshold=1 << 20, cycle_time_ms=1.0)
+
+
 def make_engine(backend=None):
-    return Engine(0, 1, backend or LocalBackend(), {}, cache_capacity=16, fusion_threshold=1 << 20,
-                  cycle_time_ms=1.0).start()
+    return Engine(0, 1, backend or LocalBackend(), {}, EngineSettings(**SMALL)).start()
 
 
 def submit(engine, name, tensor, rtype=RequestType.ALLREDUCE, **kw):
@@ -93,7 +96,7 @@ def test_shutdown_fails_what_is_still_in_flight():
     stopper = threading.Thread(target=engine.shutdown)
     stopper.start()
     deadline = time.monotonic() + 10
-    while not engine._stop and time.monotonic() < deadline:      # shutdown requested while "busy" runs
+    while not engine.stopping and time.monotonic() < deadline:      # shutdown requested while "busy" runs
         time.sleep(0.001)
     backend.release.set()
     stopper.join(30)
@@ -111,9 +114,8 @@ def worker(monkeypatch):
     """Rank 1 of 2, its control socket's other end playing the coordinator; the wait lapse is 0.1 s."""
     monkeypatch.setenv("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS", "0.4")
     ours, coordinator_end = socket.socketpair()
-    engine = Engine(1, 2, LocalBackend(), {0: ours}, cache_capacity=16, fusion_threshold=1 << 20,
-                    cycle_time_ms=1.0).start()
-    assert engine._lapse_s == pytest.approx(0.1)
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL)).start()
+    assert engine.waits.lapse_s == pytest.approx(0.1)
     yield engine, coordinator_end
     coordinator_end.close()                            # the worker sees its coordinator go and stops
     engine.shutdown()

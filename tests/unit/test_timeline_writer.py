@@ -10,6 +10,8 @@ from horovod.common.types import DataType, ReduceOp, RequestType
 from horovod.core.controller.messages import make_request
 from horovod.core.engine import Engine, Entry
 from horovod.core.engine.handles import Handle
+from horovod.core.engine.settings import EngineSettings
+from horovod.core.observers.timeline import start_timeline, stop_timeline
 
 PROMPT_SECONDS = 0.1
 
@@ -113,9 +115,10 @@ def test_creates_the_directory(tmp_path):
 
 def test_a_finished_op_is_in_the_file_within_a_tenth_of_a_second_of_its_handle_completing(tmp_path):
     path = tmp_path / "prompt.json"
-    engine = Engine(0, 1, LocalBackend(), {}, cache_capacity=16, fusion_threshold=1 << 20, cycle_time_ms=1.0).start()
+    settings = EngineSettings(cache_capacity=16, fusion_threshold=1 << 20, cycle_time_ms=1.0)
+    engine = Engine(0, 1, LocalBackend(), {}, settings).start()
     try:
-        engine.start_timeline(str(path))
+        start_timeline(engine, str(path))
         x = np.ones(4, np.float32)
         for i in range(6):
             time.sleep(0.03 * i)           # lone ops, at different phases of the writer's periodic flush
@@ -126,7 +129,7 @@ def test_a_finished_op_is_in_the_file_within_a_tenth_of_a_second_of_its_handle_c
             took = seconds_until(lambda n=i + 1: completed_ops(path, "op") == n, limit=1.0)
             assert took is not None and took <= PROMPT_SECONDS, f"op {i} reached the file after {took} s"
     finally:
-        engine.stop_timeline()
+        stop_timeline(engine)
         engine.shutdown()
 
 

@@ -149,7 +149,9 @@ class Timeline:
 
     # ----------------------------------------------------------------- writing (writer thread)
     def close(self) -> None:
-        """Write everything recorded so far and close the file (the timeline stays valid JSON)."""
+        """Write everything recorded so far and close the file (the timeline stays valid JSON); idempotent."""
+        if self._closing:
+            return
         self._closing = True
         self._due.set()
         self._thread.join(10.0)

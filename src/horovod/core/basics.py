@@ -10,14 +10,19 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from horovod.common import build, config, logging_setup, mpi_context, topology, wire
 from horovod.common.exceptions import not_initialized
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core.controller.fusion import aligned_threshold
 from horovod.core.engine import Engine
+from horovod.core.engine.observer import EngineObserver
+from horovod.core.engine.settings import EngineSettings
+from horovod.core.observers import stall_inspector
+from horovod.core.observers import timeline as timeline_recording
 from horovod.core.observers.autotune import make_autotuner
+from horovod.core.observers.tuning import AutotuneObserver
 
 log = logging.getLogger("horovod.basics")
 
@@ -63,6 +68,7 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
         except (ValueError, RuntimeError) as exc:
             raise ValueError(f"Horovod initialization failed: {exc}") from exc
         logging_setup.configure(topo.rank)
+        config.log_inert_knobs()
         generation = _state.generation
         try:
             engine, reason = _start(topo, generation, mpi)
@@ -87,31 +93,47 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
                  f"MPI ({mpi.library})" if mpi is not None else topo.source, reason)
 
 
-def _knobs(topo: topology.Topology) -> dict:
-    threshold = aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size)
-    tuner = None
-    if topo.rank == 0 and topo.size > 1:    # rank 0 decides; every rank applies its values (engine.PARAMS)
+def _settings(topo: topology.Topology) -> EngineSettings:
+    """The engine's settings as the ``HOROVOD_*`` environment configures them."""
+    return EngineSettings(
+        cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"),
+        fusion_threshold=aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size),
+        align_threshold=lambda nbytes: aligned_threshold(nbytes, topo.local_size),
+        cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
+        disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
+        spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
+        bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
+        bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
+        affinity=_engine_core(topo))
+
+
+def _observers(topo: topology.Topology) -> List[EngineObserver]:
+    """What watches rank 0's engine: the stall inspector and deadlock detector, and the autotuner when on (rank 0
+    decides; every rank applies its values, see ``Engine.set_params``). Other ranks have none."""
+    if topo.rank != 0:
+        return []
+    observers: List[EngineObserver] = []
+    stall = stall_inspector.observer_from_config(topo.size)
+    if stall is not None:
+        observers.append(stall)
+    if topo.size > 1:
         tuner = make_autotuner({"fusion_threshold": config.get("HOROVOD_FUSION_THRESHOLD"),
                                 "cycle_time_ms": config.get("HOROVOD_CYCLE_TIME"),
                                 "cache_enabled": config.get("HOROVOD_CACHE_CAPACITY") > 0})
-    return dict(cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"), fusion_threshold=threshold,
-                autotuner=tuner, align_threshold=lambda nbytes: aligned_threshold(nbytes, topo.local_size),
-                cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
-                disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
-                spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
-                bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
-                bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
-                affinity=_engine_core(topo))
+        if tuner is not None:
+            observers.append(AutotuneObserver(tuner))
+    return observers
 
 
 def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.MPIContext] = None):
     """Connect the mesh (through the launcher's rendezvous, or MPI), choose the data plane, start the engine."""
     from horovod.backends.local import LocalBackend
 
-    knobs = _knobs(topo)
+    settings, observers = _settings(topo), _observers(topo)
     if topo.size == 1:
         backend = LocalBackend()
-        return _started(Engine(0, 1, backend, {}, on_close=backend.close, **knobs)), "local (a single rank)"
+        return (_started(Engine(0, 1, backend, {}, settings, on_close=backend.close, observers=observers)),
+                "local (a single rank)")
     from horovod.backends.factory import make_backend
     from horovod.backends.mesh import build_mesh, default_bind_address
 
@@ -131,7 +153,9 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
         backend.close()
         mesh.close()
 
-    engine = _started(Engine(topo.rank, topo.size, backend, mesh.control, on_close=close, hosts=mesh.hosts, **knobs))
+    settings.hosts = mesh.hosts
+    engine = _started(Engine(topo.rank, topo.size, backend, mesh.control, settings, on_close=close,
+                             observers=observers))
     return engine, reason
 
 
@@ -178,7 +202,7 @@ def shutdown() -> None:
         if engine is None:
             return
         engine.shutdown()
-        engine.stop_timeline()
+        timeline_recording.stop_timeline(engine)
         if mpi is not None:
             mpi.close()
         global_process_set.process_set_id = 0
@@ -198,12 +222,12 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
                          "starts, e.g. `horovodrun --timeline-filename DYNAMIC ...`, to use start_timeline().")
     if not file_path:
         raise ValueError("start_timeline() needs a file path to write the timeline to.")
-    current.start_timeline(str(file_path), bool(mark_cycles))
+    timeline_recording.start_timeline(current, str(file_path), bool(mark_cycles))
 
 
 def stop_timeline() -> None:
     """Stop recording the timeline and close its file (it stays valid JSON)."""
-    engine().stop_timeline()
+    timeline_recording.stop_timeline(engine())
 
 
 def _started(current: Engine) -> Engine:
@@ -211,7 +235,7 @@ def _started(current: Engine) -> Engine:
     (DYNAMIC waits for start_timeline())."""
     path = config.get("HOROVOD_TIMELINE")
     if path and path.upper() != "DYNAMIC":
-        current.start_timeline(path, config.get("HOROVOD_TIMELINE_MARK_CYCLES"))
+        timeline_recording.start_timeline(current, path, config.get("HOROVOD_TIMELINE_MARK_CYCLES"))
     return current.start()
 
 

@@ -4,6 +4,7 @@ import numpy as np
 
 import horovod.numpy as hvd
 from horovod.core import basics
+from horovod.core.observers.tuning import tuning
 
 hvd.init()
 engine = basics.engine()
@@ -19,7 +20,7 @@ for step in range(2000):
     gathered = hvd.allgather(np.full((1, 2), rank, np.int64), name="ag")
     assert gathered[:, 0].tolist() == list(range(size))
     if step % 10 == 9:
-        flag[0] = int(rank == 0 and engine.autotuner is None)
+        flag[0] = int(rank == 0 and tuning(engine) is None)
         if hvd.broadcast(flag, 0, name="done")[0]:
             break
 print("TUNED", step, engine.coordinator.fusion_threshold if rank == 0 else -1, engine.cycle_s * 1000,

@@ -12,14 +12,22 @@ is blocked in a wait on a handle, and no pending tensor can become ready (none h
 and nothing is being emitted). For a program that submits collectives from one thread that is a certain deadlock,
 so once the condition has held for ``HOROVOD_DEADLOCK_CHECK_TIME_SECONDS`` with no new submission, it is reported
 on every rank, naming what each rank waits on, and ``HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS`` later the job ends:
-every pending handle fails with the report. The engine tells the coordinator which ranks wait (see engine.py).
+every pending handle fails with the report. The engine tells the coordinator which ranks wait (see
+engine/waits.py). :class:`StallObserver` runs both on the engine's hooks.
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from horovod.common import config
+from horovod.common.exceptions import HorovodInternalError
+from horovod.core.controller import Coordinator
+from horovod.core.engine.observer import EngineObserver
+from horovod.core.engine.settings import (
+    confirm_seconds,
+    lapse_seconds,  # noqa: F401  (the deadlock timing, named here too)
+)
 
 log = logging.getLogger("horovod.stall")
 
@@ -195,23 +203,12 @@ class DeadlockDetector:
         return "\n".join(lines)
 
 
-def lapse_seconds() -> float:
-    """How long a rank whose timed wait ran out still counts as waiting (absorbs polling with short timed waits);
-    kept well inside the deadlock detector's confirmation window."""
-    return max(0.01, min(0.5, _confirm_seconds() / 4))
-
-
-def _confirm_seconds() -> float:
-    return max(0.0, min(config.get("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS"),
-                        config.get("HOROVOD_STALL_CHECK_TIME_SECONDS")))
-
-
 def deadlock_from_config(size: int) -> Optional[DeadlockDetector]:
     """The deadlock detector for the coordinator, or None when it is off (HOROVOD_STALL_CHECK_DISABLE or
     HOROVOD_DEADLOCK_CHECK_DISABLE, or a one-rank job)."""
     if size < 2 or config.get("HOROVOD_STALL_CHECK_DISABLE") or config.get("HOROVOD_DEADLOCK_CHECK_DISABLE"):
         return None
-    return DeadlockDetector(size, _confirm_seconds(), config.get("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS"),
+    return DeadlockDetector(size, confirm_seconds(), config.get("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS"),
                             shutdown=not config.get("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE"))
 
 
@@ -221,3 +218,44 @@ def from_config(size: int) -> Optional[StallInspector]:
         return None
     return StallInspector(size, config.get("HOROVOD_STALL_CHECK_TIME_SECONDS"),
                           config.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"))
+
+
+class StallObserver(EngineObserver):
+    """Runs the stall inspector and the deadlock detector on rank 0 while some tensors are partial."""
+
+    def __init__(self, inspector: Optional[StallInspector], detector: Optional[DeadlockDetector]) -> None:
+        self.inspector = inspector
+        self.detector = detector
+
+    def inspect(self, coordinator: Coordinator, now: float, report: Callable[[str], None]) -> Optional[float]:
+        """Check when due; a shutdown by either raises, which ends the job on every rank."""
+        due: Optional[float] = None
+        inspector, detector = self.inspector, self.detector
+        if inspector is not None:
+            if now >= inspector.next_check:
+                message = inspector.check(coordinator.pending_names(), coordinator.joined, now)
+                if message is not None:
+                    raise HorovodInternalError(message)
+            due = inspector.due_in(now)
+        if detector is not None:
+            if now >= detector.next_check:
+                verdict = detector.check(coordinator.waits(), coordinator.joined, coordinator.has_ready(),
+                                         coordinator.progress, now, several_threads=coordinator.several_threads)
+                if verdict is not None:
+                    kind, message = verdict
+                    if kind == SHUTDOWN:
+                        raise HorovodInternalError(message)
+                    report(message)
+            wanted = detector.due_in(now)
+            due = wanted if due is None else min(due, wanted)
+        return due
+
+
+def observer_from_config(size: int) -> Optional[StallObserver]:
+    """Rank 0's stall and deadlock observer as the environment configures it, or None when both are off."""
+    inspector = from_config(size) if size > 1 else None
+    detector = deadlock_from_config(size)
+    if inspector is None and detector is None:
+        return None
+    return StallObserver(inspector, detector)
+

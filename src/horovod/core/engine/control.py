@@ -1,0 +1,99 @@
+"""The control channel: the small messages between the coordinator (rank 0) and each worker.
+
+Messages are lists (see :mod:`horovod.common.wire`) whose first element says what they are:
+
+- worker -> coordinator: ``R`` requests, ``W``/``U`` a wait begins/is taken back, ``X`` this rank shuts down,
+  ``A`` this rank aborts (with the reason);
+- coordinator -> workers: ``L`` a response list to apply, ``S`` shut down, ``A`` abort, ``D`` a deadlock report.
+"""
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from typing import Dict, List, Optional
+
+from horovod.backends.comm import PeerLostError
+from horovod.common import wire
+
+ABORT_REASON_WAIT_SECONDS = 0.5
+
+
+class ControlChannel:
+    """This rank's control sockets: to every worker on rank 0, to the coordinator on the others."""
+
+    def __init__(self, rank: int, socks: Dict[int, socket.socket], hosts: Optional[List[str]], size: int) -> None:
+        self.rank = rank
+        self.socks = socks
+        self.hosts = list(hosts) if hosts else ["localhost"] * size
+        self.send_lock = threading.Lock()   # a worker's user threads and engine thread both send
+
+    def host_of(self, peer: int) -> str:
+        return self.hosts[peer] if 0 <= peer < len(self.hosts) else "?"
+
+    def lost(self, peer: int, exc: BaseException) -> PeerLostError:
+        return PeerLostError(peer, self.host_of(peer), str(exc) or "connection closed")
+
+    def broadcast(self, msg: list, best_effort: bool = False) -> None:
+        """Send ``msg`` to every worker; with ``best_effort`` (shutdown, abort) skip peers that are gone."""
+        payload = wire.pack(msg)
+        frame = len(payload).to_bytes(4, "little") + payload
+        for peer, sock in self.socks.items():
+            try:
+                sock.sendall(frame)
+            except OSError as exc:
+                if not best_effort:
+                    raise PeerLostError(peer, self.host_of(peer), str(exc)) from None
+
+    def receive(self, peer: int, sock: socket.socket) -> list:
+        try:
+            return wire.recv_msg(sock)
+        except (OSError, wire.PeerClosedError) as exc:
+            raise self.lost(peer, exc) from None
+
+    def send_to_coordinator(self, msg: list) -> None:
+        """A worker's message to rank 0; PeerLostError when rank 0 is gone."""
+        try:
+            with self.send_lock:
+                wire.send_msg(self.socks[0], msg)
+        except OSError as exc:
+            raise PeerLostError(0, self.host_of(0), str(exc)) from None
+
+    def send_abort(self, reason: str) -> None:
+        """Tell the others this rank aborts, and why (best effort: some may be gone)."""
+        try:
+            if self.rank == 0:
+                self.broadcast(["A", reason], best_effort=True)
+            elif 0 in self.socks:
+                with self.send_lock:
+                    wire.send_msg(self.socks[0], ["A", reason])
+        except Exception:
+            pass
+
+    def root_cause(self, own: str) -> str:
+        """The reason to report for a lost peer: an abort message already on its way wins over our own view.
+
+        When one rank dies, the ranks that notice first abort and close their sockets, so others may see *those*
+        ranks' sockets close and would blame the wrong rank. Every aborting rank sends its reason on the control
+        channel before closing, so we listen there briefly for a better-informed reason.
+        """
+        socks = dict(self.socks)
+        deadline = time.monotonic() + ABORT_REASON_WAIT_SECONDS
+        selector = selectors.DefaultSelector()
+        try:
+            for peer, sock in socks.items():
+                selector.register(sock, selectors.EVENT_READ, peer)
+            while socks and time.monotonic() < deadline:
+                for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
+                    try:
+                        msg = wire.recv_msg(key.fileobj)
+                    except (OSError, ValueError, wire.PeerClosedError):
+                        selector.unregister(key.fileobj)
+                        socks.pop(key.data, None)
+                        continue
+                    if msg and msg[0] == "A":
+                        return msg[1]
+        finally:
+            selector.close()
+        return own

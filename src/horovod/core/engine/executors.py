@@ -1,0 +1,144 @@
+"""One executor per collective: what a rank does with a response the coordinator emitted.
+
+Each executor takes the engine's view (``rank``, ``size``, ``backend``), the batch of responses (several only for
+fused allreduces and barriers) and this rank's entries for them (None where this rank joined instead of
+submitting), runs the data plane, and completes the entries' handles.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Protocol, Tuple
+
+import numpy as np
+
+from horovod.backends.base import Backend
+from horovod.backends.reduce import scale_inplace, scaled_copy
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.timeline import activity
+from horovod.common.types import ReduceOp, RequestType, numpy_dtype
+from horovod.core.controller.messages import TensorResponse
+
+
+class Executing(Protocol):
+    """What an executor needs of the engine."""
+
+    rank: int
+    size: int
+    backend: Backend
+
+
+def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype)
+
+
+def _allocate(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return (entry.allocate or _default_allocate)(shape, dtype)
+
+
+def _row(shape) -> int:
+    """Elements per first-dimension row of a tensor of ``shape``."""
+    return int(np.prod(shape)) if shape else 1
+
+
+def summed(op: int, postscale: float, size: int) -> Tuple[ReduceOp, float]:
+    """Average is a Sum whose postscale is divided by the number of ranks (upstream's rewrite, in one place)."""
+    if op == ReduceOp.AVERAGE:
+        return ReduceOp.SUM, postscale / size
+    return ReduceOp(op), postscale
+
+
+def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    first = batch[0]
+    dtype = numpy_dtype(first.dtype)
+    op, postscale = summed(first.reduce_op, first.postscale, ctx.size)
+    inputs, outputs = [], []
+    for response, entry in zip(batch, entries):
+        if entry is None:           # this rank joined: contribute zeros
+            zeros = np.zeros(response.numel(), dtype)
+            inputs.append(zeros)
+            outputs.append(zeros)
+        else:
+            inputs.append(entry.tensor.reshape(-1))
+            outputs.append(entry.output.reshape(-1))
+    ctx.backend.allreduce(inputs, outputs, op, first.prescale, postscale)
+    for entry in entries:
+        if entry is not None:
+            entry.handle.set_result(entry.index, entry.output)
+
+
+def allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    first, entry = batch[0], entries[0]
+    row = _row(first.shape)
+    counts = [d * row for d in first.extra]
+    out = _allocate(entry, (sum(first.extra), *first.shape), numpy_dtype(first.dtype))
+    with activity(ctx.backend.op_label("ALLGATHER", out.nbytes)):
+        ctx.backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
+    entry.handle.set_result(entry.index, out)
+
+
+def broadcast(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    first, entry = batch[0], entries[0]
+    out = entry.output
+    if out is not entry.tensor and ctx.rank == first.root:
+        np.copyto(out, entry.tensor)
+    with activity(ctx.backend.op_label("BCAST", out.nbytes)):
+        ctx.backend.broadcast(out.reshape(-1), first.root)
+    entry.handle.set_result(entry.index, out)
+
+
+def alltoall(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    first, entry = batch[0], entries[0]
+    dtype = numpy_dtype(first.dtype)
+    matrix = first.extra
+    row = _row(first.shape)
+    received = [matrix[src][ctx.rank] for src in range(ctx.size)]
+    out = _allocate(entry, (sum(received), *first.shape), dtype)
+    max_count = max(max(r) for r in matrix) * row
+    with activity(ctx.backend.op_label("ALLTOALL", max_count * ctx.size * dtype.itemsize)):
+        ctx.backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in matrix[ctx.rank]], out.reshape(-1),
+                              [r * row for r in received], max_count=max_count)
+    entry.handle.set_result(entry.index, (out, np.asarray(received, np.int32)))
+
+
+def reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    first, entry = batch[0], entries[0]
+    shape, size = first.shape, ctx.size
+    rows = [shape[0] // size + (1 if r < shape[0] % size else 0) for r in range(size)]
+    row = _row(shape[1:])
+    out = _allocate(entry, (rows[ctx.rank], *shape[1:]), numpy_dtype(first.dtype))
+    inp = entry.tensor.reshape(-1)
+    if first.prescale != 1.0:
+        scaled = np.empty_like(inp)
+        scaled_copy(scaled, inp, first.prescale)
+        inp = scaled
+    op, postscale = summed(first.reduce_op, first.postscale, size)
+    with activity(ctx.backend.op_label("REDUCESCATTER", inp.nbytes)):
+        ctx.backend.reducescatter(inp, out.reshape(-1), [r * row for r in rows], op)
+    scale_inplace(out, postscale)
+    entry.handle.set_result(entry.index, out)
+
+
+def barrier(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    for entry in entries:
+        if entry is not None:
+            entry.handle.set_result(entry.index, None)
+
+
+Executor = Callable[[Executing, List[TensorResponse], List[Optional[object]]], None]
+
+EXECUTORS: Dict[int, Executor] = {
+    RequestType.ALLREDUCE: allreduce,
+    RequestType.ALLGATHER: allgather,
+    RequestType.BROADCAST: broadcast,
+    RequestType.ALLTOALL: alltoall,
+    RequestType.REDUCESCATTER: reducescatter,
+    RequestType.BARRIER: barrier,
+}
+
+
+def run_batch(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    """Execute one response batch with the executor of its collective."""
+    rtype = batch[0].rtype
+    executor = EXECUTORS.get(rtype)
+    if executor is None:
+        raise HorovodInternalError(f"unsupported response type {rtype}")
+    executor(ctx, batch, entries)

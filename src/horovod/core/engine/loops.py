@@ -1,0 +1,216 @@
+"""The engine thread's two loops: the coordinator's (rank 0) and the workers' (every other rank).
+
+The coordinator takes requests (its own from the queue, the workers' from the control channel), emits response
+lists when tensors are ready on every rank, and executes them itself; the workers forward their requests from the
+submitting thread (see ``Engine.enqueue``) and execute the response lists they receive, in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import selectors
+import time
+from typing import TYPE_CHECKING, Optional
+
+from horovod.backends.comm import PeerLostError
+from horovod.common import wire
+from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
+from horovod.core.controller.messages import PARAMS
+
+if TYPE_CHECKING:
+    from horovod.core.engine.engine import Engine
+
+log = logging.getLogger("horovod.engine")
+stall_log = logging.getLogger("horovod.stall")
+
+IDLE_WAKE_SECONDS = 1.0
+SHUTDOWN_WAIT_SECONDS = 5.0
+
+
+# --------------------------------------------------------------------------------------------- coordinator
+def coordinator_loop(engine: Engine) -> None:
+    """Rank 0's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
+    coord = engine.coordinator
+    selector = selectors.DefaultSelector()
+    engine.register_wake(selector)
+    for peer, sock in engine.control.socks.items():
+        selector.register(sock, selectors.EVENT_READ, peer)
+    shutdown_reason = None
+    while True:
+        lapse_due = _take_local(engine)
+        if engine.stopping and shutdown_reason is None:
+            shutdown_reason = "rank 0 called hvd.shutdown()"
+        if shutdown_reason is not None:
+            engine.control.broadcast(["S", shutdown_reason], best_effort=True)
+            engine.fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
+            return
+        due = coord.emit_due(time.monotonic(), engine.settings.bucket_bytes, engine.hold_s)
+        for other in (_inspect(engine), lapse_due):
+            if other is not None:
+                due = other if due is None else min(due, other)
+        if due == 0.0:
+            _emit(engine)
+            continue
+        timeout = IDLE_WAKE_SECONDS if due is None else due
+        for key, _ in engine.sleep(selector, timeout):
+            peer = key.data
+            if peer == -1:
+                engine.drain_wake()
+                continue
+            msg = engine.control.receive(peer, key.fileobj)
+            if msg[0] == "X":
+                shutdown_reason = f"rank {peer} called hvd.shutdown()"
+                selector.unregister(key.fileobj)
+            else:
+                _from_worker(engine, peer, msg)
+
+
+def _take_local(engine: Engine) -> Optional[float]:
+    """Take rank 0's own new requests and wait notices in one grab (a thread notices a wait only after it
+    enqueued the tensors, so the request is always taken together with, or before, its notice); expire lapsed
+    waits. Returns the seconds until the next lapse is due."""
+    coord = engine.coordinator
+    with engine.lock:
+        entries = engine.drain()
+        notes = engine.waits.take_notes()
+    for entry in entries:
+        coord.add_request(0, entry.request)
+    if notes:
+        for begins, names, several in notes:
+            if begins:
+                coord.mark_waiting(0, names, several)
+            else:
+                coord.unmark_waiting(0, names)
+        engine.active()
+    return engine.waits.expire() if engine.waits.lapsed else None
+
+
+def _from_worker(engine: Engine, peer: int, msg: list) -> None:
+    """A worker's control message (other than its shutdown)."""
+    coord = engine.coordinator
+    kind = msg[0]
+    if kind == "R":
+        for request in msg[1]:
+            coord.add_request(peer, request)
+    elif kind == "W":
+        coord.mark_waiting(peer, msg[1], len(msg) > 2 and bool(msg[2]))
+        engine.active()
+    elif kind == "U":
+        coord.unmark_waiting(peer, msg[1])
+    elif kind == "A":
+        raise HorovodInternalError(msg[1])
+
+
+def _emit(engine: Engine) -> None:
+    """Emit what is ready to every worker and execute it here; then let the observers propose new tunables."""
+    observers = engine.observers
+    for observer in observers:
+        observer.on_cycle()
+    items = engine.coordinator.take_ready()
+    if not items:
+        return
+    engine.control.broadcast(["L", items])
+    engine.apply(items)
+    engine.active()
+    if observers:
+        _tune(engine, observers)
+
+
+def _tune(engine: Engine, observers) -> None:
+    """Feed the observers what just ran; new tunables they propose are applied by every rank next."""
+    now = time.monotonic()
+    for observer in observers:
+        params = observer.propose(now)
+        if params is not None:
+            item = [PARAMS, params]
+            engine.control.broadcast(["L", [item]])
+            engine.apply([item])
+        if observer.finished:
+            engine.remove_observer(observer)
+            observer.close()
+
+
+def _inspect(engine: Engine) -> Optional[float]:
+    """Let the observers look at tensors submitted by only part of the ranks (the stall inspector and deadlock
+    detector do); seconds until one wants to look again. A shutdown by one raises, which ends the job on every
+    rank."""
+    observers, coord = engine.observers, engine.coordinator
+    if not observers or not coord.has_partial():
+        return None
+    now = time.monotonic()
+    due = None
+    for observer in observers:
+        wanted = observer.inspect(coord, now, _report_to_all(engine))
+        if wanted is not None:
+            due = wanted if due is None else min(due, wanted)
+    return None if due is None else max(min(due, IDLE_WAKE_SECONDS), 1e-3)
+
+
+def _report_to_all(engine: Engine):
+    def report(message: str) -> None:
+        engine.control.broadcast(["D", message], best_effort=True)     # every rank logs the report
+    return report
+
+
+# --------------------------------------------------------------------------------------------- workers
+def worker_loop(engine: Engine) -> None:
+    """A worker's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
+    sock = engine.control.socks[0]
+    selector = selectors.DefaultSelector()
+    engine.register_wake(selector)
+    selector.register(sock, selectors.EVENT_READ, 0)
+    stop_sent_at = None
+    while True:
+        if engine.stopping and stop_sent_at is None:
+            if not _send_stop(engine):
+                return
+            stop_sent_at = time.monotonic()
+        timeout = IDLE_WAKE_SECONDS
+        if engine.waits.lapsed:
+            lapse_due = engine.waits.expire()
+            if lapse_due is not None:
+                timeout = min(timeout, lapse_due)
+        if stop_sent_at is not None:
+            timeout = SHUTDOWN_WAIT_SECONDS - (time.monotonic() - stop_sent_at)
+            if timeout <= 0:
+                engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+                return
+        for key, _ in engine.sleep(selector, timeout) if not engine.stopping else selector.select(timeout):
+            if key.data == -1:
+                engine.drain_wake()
+                continue
+            try:
+                msg = wire.recv_msg(sock)
+            except (OSError, wire.PeerClosedError) as exc:
+                if stop_sent_at is not None:
+                    engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+                    return
+                raise engine.control.lost(0, exc) from None
+            if not _from_coordinator(engine, msg):
+                return
+
+
+def _send_stop(engine: Engine) -> bool:
+    """Tell the coordinator this rank shuts down; False when it is already gone (the engine then stops)."""
+    try:
+        engine.control.send_to_coordinator(["X"])
+    except PeerLostError:
+        # The coordinator already closed (it shut down first): nothing left to tell it.
+        engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
+        return False
+    return True
+
+
+def _from_coordinator(engine: Engine, msg: list) -> bool:
+    """Act on one message from rank 0; False when it ends this engine (a shutdown)."""
+    kind = msg[0]
+    if kind == "L":
+        engine.apply(msg[1])
+        engine.active()
+    elif kind == "S":
+        engine.fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {msg[1]}.)"))
+        return False
+    elif kind == "A":
+        raise HorovodInternalError(msg[1])
+    elif kind == "D":
+        stall_log.error("%s", msg[1])
+    return True

@@ -1,0 +1,52 @@
+"""What the engine tells those who watch it: the timeline, the stall inspector and deadlock detector, the
+autotuner. The engine calls these hooks on its own thread and knows nothing else of its observers.
+
+Every hook does nothing by default, so an observer implements only what it needs. Hooks must be quick: they run
+between collectives. A hook may raise :class:`~horovod.common.exceptions.HorovodInternalError` to end the job
+(the stall inspector's shutdown does); the engine then aborts on every rank with that message.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+from horovod.core.controller import Coordinator
+from horovod.core.controller.messages import TensorResponse
+
+
+class EngineObserver:
+    """Base class of engine observers (see the module docstring)."""
+
+    def attach(self, coordinator: Optional[Coordinator]) -> None:
+        """The observer was added to an engine; ``coordinator`` is rank 0's negotiation, None on other ranks."""
+
+    def detach(self, coordinator: Optional[Coordinator]) -> None:
+        """The observer was removed from the engine."""
+
+    def on_cycle(self) -> None:
+        """Rank 0 is about to emit a response list (a negotiation cycle)."""
+
+    def on_batch_start(self, names: List[str]) -> None:
+        """This rank starts executing one (possibly fused) collective over ``names``."""
+
+    def on_batch_end(self, batch: List[TensorResponse], now_ns: int) -> None:
+        """The collective over ``batch`` ended (successfully or not) at ``now_ns`` (perf_counter_ns)."""
+
+    def on_error(self, names: List[str], message: str) -> None:
+        """The coordinator failed ``names`` with ``message`` (mismatched requests, for example)."""
+
+    def inspect(self, coordinator: Coordinator, now: float, report: Callable[[str], None]) -> Optional[float]:
+        """Rank 0, while some tensors are submitted by only part of the ranks: look at them. ``report`` logs a
+        message on every rank. Returns the seconds until this observer wants to look again (None: no need)."""
+        return None
+
+    def propose(self, now: float) -> Optional[dict]:
+        """Rank 0, after a response list ran: new tunables for every rank (see ``Engine.set_params``), or None."""
+        return None
+
+    @property
+    def finished(self) -> bool:
+        """True once the observer has nothing more to do; the engine then closes and drops it."""
+        return False
+
+    def close(self) -> None:
+        """The engine stopped (or dropped this observer): release what it holds."""

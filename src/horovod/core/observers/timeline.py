@@ -1,0 +1,76 @@
+"""The timeline as an engine observer: the engine's hooks become the timeline's events.
+
+The writer itself is :class:`horovod.common.timeline.Timeline` (in the shared ground, because the data planes
+mark their activities on it). Only rank 0 records; on other ranks :func:`start_timeline` does nothing.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+from horovod.common.timeline import Timeline, executing
+from horovod.common.types import numpy_dtype
+from horovod.core.controller import Coordinator
+from horovod.core.controller.messages import TensorResponse
+from horovod.core.engine import Engine
+from horovod.core.engine.observer import EngineObserver
+
+
+class TimelineObserver(EngineObserver):
+    """Records negotiations (through the coordinator), cycles, executions and errors into one timeline."""
+
+    def __init__(self, timeline: Timeline) -> None:
+        self.timeline = timeline
+
+    def attach(self, coordinator: Optional[Coordinator]) -> None:
+        if coordinator is not None:
+            coordinator.timeline = self.timeline
+
+    def detach(self, coordinator: Optional[Coordinator]) -> None:
+        if coordinator is not None and coordinator.timeline is self.timeline:
+            coordinator.timeline = None
+
+    def on_cycle(self) -> None:
+        self.timeline.cycle()
+
+    def on_batch_start(self, names: List[str]) -> None:
+        executing(self.timeline, names)     # the data plane marks its activities on this timeline
+
+    def on_batch_end(self, batch: List[TensorResponse], now_ns: int) -> None:
+        executing(None, [])
+        timeline = self.timeline
+        for response in batch:
+            timeline.end_op(response.name, numpy_dtype(response.dtype).name, response.shape, now_ns)
+        timeline.flush_soon()               # a finished op shows up in the file at once
+
+    def on_error(self, names: List[str], message: str) -> None:
+        for name in names:
+            self.timeline.end_error(name, message)
+        self.timeline.flush_soon()
+
+    def close(self) -> None:
+        self.timeline.close()
+
+
+def recording(engine: Engine) -> Optional[TimelineObserver]:
+    """The timeline ``engine`` records to, if any."""
+    return next((o for o in engine.observers if isinstance(o, TimelineObserver)), None)
+
+
+def start_timeline(engine: Engine, path: str, mark_cycles: bool = False) -> None:
+    """Record a timeline to ``path`` (rank 0 writes it; other ranks have nothing to record), replacing the one
+    being recorded."""
+    if engine.coordinator is None:
+        return
+    old = recording(engine)
+    engine.add_observer(TimelineObserver(Timeline(path, mark_cycles)))
+    if old is not None:
+        engine.remove_observer(old)
+        old.close()
+
+
+def stop_timeline(engine: Engine) -> None:
+    """Stop recording and close the file (a no-op when no timeline records)."""
+    old = recording(engine)
+    if old is not None:
+        engine.remove_observer(old)
+        old.close()
