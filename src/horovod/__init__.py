@@ -5,7 +5,7 @@ Import a framework binding (``horovod.torch``, ``horovod.tensorflow``, ``horovod
 """
 from __future__ import annotations
 
-__version__ = "0.29.0"
+from horovod.version import __version__  # noqa: F401
 
 
 def __getattr__(name):

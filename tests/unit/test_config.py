@@ -1,4 +1,6 @@
 """Every HOROVOD_* knob: declared once, typed, with upstream's default; bad values name the variable."""
+import logging
+
 import pytest
 
 from horovod.common import config
@@ -117,3 +119,69 @@ def test_unknown_knob_is_a_programming_error():
         config.get("HOROVOD_NO_SUCH_KNOB")
     with pytest.raises(KeyError):
         config.is_set("HOROVOD_NO_SUCH_KNOB")
+
+
+@pytest.mark.parametrize("value,expected", [
+    (True, True), (False, False), (1, True), (0, False), ("1", True), ("0", False), ("true", True),
+    ("FALSE", False), ("yes", True), ("no", False), ("on", True), ("off", False), ("y", True), ("n", False),
+    ("t", True), ("f", False), (" True ", True), ("", False)])
+def test_one_boolean_parser_accepts_every_spelling(value, expected):
+    assert config.parse_bool(value) is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, 1.0, None, [1]])
+def test_one_boolean_parser_rejects_the_rest(value):
+    with pytest.raises(ValueError, match="must be a boolean"):
+        config.parse_bool(value)
+
+
+def test_get_and_is_set_read_a_given_mapping(monkeypatch):
+    monkeypatch.setenv("HOROVOD_RANK", "7")
+    env = {"HOROVOD_RANK": "3", "HOROVOD_HOSTNAME": ""}
+    assert config.get("HOROVOD_RANK", env) == 3 and config.get("HOROVOD_RANK") == 7
+    assert config.is_set("HOROVOD_RANK", env) and not config.is_set("HOROVOD_SIZE", env)
+    assert not config.is_set("HOROVOD_HOSTNAME", env) and config.get("HOROVOD_HOSTNAME", env) == ""
+    with pytest.raises(ValueError, match="HOROVOD_SIZE"):
+        config.get("HOROVOD_SIZE", {"HOROVOD_SIZE": "two"})
+
+
+INERT = {"HOROVOD_GLOO_TIMEOUT_SECONDS", "HOROVOD_ELASTIC_TIMEOUT", "HOROVOD_NUM_NCCL_STREAMS",
+         "HOROVOD_DYNAMIC_PROCESS_SETS", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS",
+         "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_ADASUM_MPI_CHUNK_SIZE", "HOROVOD_HIERARCHICAL_ALLREDUCE",
+         "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_TORUS_ALLREDUCE"}
+
+
+def test_inert_knobs_say_they_have_no_effect():
+    assert {k.name for k in config.KNOBS.values() if k.inert} == INERT
+    for knob in config.KNOBS.values():
+        assert ("accepted, no effect" in knob.doc.lower()) is knob.inert, knob.name
+
+
+@pytest.fixture
+def fresh_inert_log(monkeypatch):
+    """A process that has logged no inert knob yet, its records reaching caplog even after an init in the same
+    process made the ``horovod`` logger stop propagating."""
+    monkeypatch.setattr(config, "_inert_logged", set())
+    monkeypatch.setattr(logging.getLogger("horovod"), "propagate", True)
+
+
+def test_an_inert_knob_that_is_set_is_logged_once_at_debug(monkeypatch, caplog, fresh_inert_log):
+    monkeypatch.setenv("HOROVOD_NUM_NCCL_STREAMS", "2")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3")  # not inert: never logged
+    with caplog.at_level(logging.DEBUG, logger="horovod.common.config"):
+        config.log_inert_knobs()
+        config.log_inert_knobs()
+    records = [r for r in caplog.records if r.name == "horovod.common.config"]
+    assert len(records) == 1 and records[0].levelno == logging.DEBUG
+    assert "HOROVOD_NUM_NCCL_STREAMS" in records[0].getMessage()
+    assert "no effect" in records[0].getMessage()
+
+
+def test_unset_inert_knobs_are_not_logged(caplog, fresh_inert_log):
+    with caplog.at_level(logging.DEBUG, logger="horovod.common.config"):
+        config.log_inert_knobs()
+        config.log_inert_knobs({"HOROVOD_TORUS_ALLREDUCE": ""})
+    assert not [r for r in caplog.records if r.name == "horovod.common.config"]
+    with caplog.at_level(logging.DEBUG, logger="horovod.common.config"):
+        config.log_inert_knobs({"HOROVOD_TORUS_ALLREDUCE": "1"})
+    assert "HOROVOD_TORUS_ALLREDUCE" in caplog.text

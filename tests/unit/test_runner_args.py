@@ -231,3 +231,65 @@ def test_cli_exit_code_for_rejected_modes(caplog):
         launch.run_commandline(["-np", "1", "--jsrun", "cmd"])
     assert exc.value.code == 1
     assert "not available yet" in caplog.text
+
+
+def test_every_option_of_the_table_is_a_flag():
+    from horovod.common import options
+
+    parser = launch.make_parser(set(), set())
+    flags = parser._option_string_actions
+    for option in options.OPTIONS:
+        names = option.names + tuple(n for switch in option.switches for n in switch.names)
+        for name in names:
+            assert name in flags and (option.kind == options.VERSION or flags[name].dest == option.dest), name
+        if option.defaulted:
+            assert parser.get_default(option.dest) == option.default is not None
+
+
+def test_inert_flags_say_they_have_no_effect(capsys):
+    with pytest.raises(SystemExit):
+        parse("--help")
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--hierarchical-allreduce", "--torus-allreduce", "--num-nccl-streams", "--gloo-timeout-seconds"):
+        assert f"{flag}" in text
+    assert text.count("Accepted, no effect in this release.") == 5
+
+
+def test_run_keywords_map_onto_the_table(monkeypatch):
+    import horovod.runner as runner
+
+    seen = []
+    monkeypatch.setattr(launch, "_run", lambda hargs: seen.append(hargs) or ["ok"])
+    with pytest.warns(DeprecationWarning):
+        assert runner.run(print, num_proc=2, min_np=1, hosts="a:2", network_interface="eth0", slots=3,
+                          ssh_port=2222, use_mpi=True, mpi_args="-x A", executable="py", verbose=True) == ["ok"]
+    hargs = seen[0]
+    assert (hargs.np, hargs.min_np, hargs.max_np, hargs.hosts, hargs.nics) == (2, 1, None, "a:2", "eth0")
+    assert (hargs.slots, hargs.ssh_port, hargs.use_mpi, hargs.mpi_args) == (3, 2222, True, "-x A")
+    assert hargs.executable == "py" and hargs.verbose is True and hargs.prefix_output_with_timestamp is False
+    assert callable(hargs.run_func) and hargs.fusion_threshold_mb is None
+    runner.run(print)
+    assert seen[1].np == 1 and seen[1].hosts is None
+    with pytest.raises(ValueError, match="disagree"):
+        runner.run(print, num_proc=2, np=3)
+    with pytest.raises(ValueError, match="hosts and hostfile"):
+        runner.run(print, hosts="a:1", hostfile="hf")
+
+
+def test_the_runner_imports_neither_the_library_nor_the_package_attributes():
+    import subprocess
+    import sys
+
+    code = ("import sys; import horovod.runner.launch, horovod.runner.gloo_run, horovod.runner.run_task, "
+            "horovod.runner.build_info, horovod.runner.common.util.config_parser; from horovod.runner import run; "
+            "bad = [m for m in sys.modules if m.startswith(('horovod.core', 'horovod.torch', 'horovod.tensorflow', "
+            "'horovod.keras', 'horovod._keras', 'horovod.numpy', 'horovod.backends'))]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_version_comes_from_horovod_version():
+    import horovod
+    from horovod.version import __version__
+
+    assert horovod.__version__ == __version__

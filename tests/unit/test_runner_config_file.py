@@ -168,3 +168,19 @@ def test_unknown_keys_are_warned_and_ignored(write_config, caplog):
 
 def test_empty_config_file(write_config):
     assert launch.parse_args(["-np", "1", "--config-file", write_config(""), "cmd"]).fusion_threshold_mb is None
+
+
+@pytest.mark.parametrize("text, value", [("yes", True), ("on", True), ("1", True), ("true", True), ("no", False),
+                                         ("off", False), ("0", False), ("false", False)])
+def test_booleans_in_the_file_use_the_one_parser(write_config, text, value):
+    path = write_config(f"params:\n  torus_allreduce: {text}\nstall_check:\n  enabled: {text}\n")
+    args = launch.parse_args(["-np", "1", "--config-file", path, "cmd"])
+    assert args.torus_allreduce is value and args.no_stall_check is (not value)
+
+
+def test_config_sections_come_from_the_option_table():
+    assert list(config_parser.CONFIG_SECTIONS) == ["params", "autotune", "timeline", "stall_check",
+                                                   "library_options", "logging"]
+    assert {key: option.dest for key, (option, _) in config_parser.CONFIG_SECTIONS["stall_check"].items()} == {
+        "enabled": "no_stall_check", "warning_time_seconds": "stall_check_warning_time_seconds",
+        "shutdown_time_seconds": "stall_check_shutdown_time_seconds"}

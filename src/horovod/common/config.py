@@ -1,13 +1,19 @@
 """Every ``HOROVOD_*`` knob, declared once with its type, default and meaning.
 
 Read a knob through :func:`get` (``config.get("HOROVOD_CYCLE_TIME")``); nothing else in the package parses
-these variables. Defaults follow upstream Horovod; knobs this project adds are marked ``ours``.
+these variables. Defaults follow upstream Horovod; knobs this project adds are marked ``ours``. Knobs marked
+``inert`` are accepted for compatibility but have no effect until their feature lands; :func:`log_inert_knobs`
+says so once at DEBUG when one is set. The launcher's flags and config-file keys that set these variables are
+declared in :mod:`horovod.common.options`.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Optional, Set
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,15 +25,30 @@ class Knob:
     default: Any
     doc: str
     ours: bool = False
+    inert: bool = False
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if value in ("0", "false", "no", "off", "n", "f", ""):
-        return False
-    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+_TRUE = ("1", "true", "yes", "on", "y", "t")
+_FALSE = ("0", "false", "no", "off", "n", "f", "")
+
+
+def parse_bool(value: Any) -> bool:
+    """The one boolean parser of environment variables, flags and config files.
+
+    Accepts a bool, the integers 0 and 1, and the texts 1/0, true/false, yes/no, on/off, y/n, t/f (any case;
+    an empty text is false). Raises ValueError for anything else.
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+    raise ValueError(f"must be a boolean (true/false, yes/no, on/off or 1/0), got {value!r}")
 
 
 def _upper(text: str) -> str:
@@ -43,12 +64,17 @@ _KNOBS = [
     Knob("HOROVOD_FUSION_THRESHOLD", int, 128 * 1024 * 1024, "Tensor Fusion buffer bytes; 0 disables fusion."),
     Knob("HOROVOD_CYCLE_TIME", float, 1.0, "Milliseconds between negotiation cycles while ops keep arriving."),
     Knob("HOROVOD_CACHE_CAPACITY", int, 1024, "Response cache entries; 0 disables the cache."),
-    Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", _bool, False, "Hierarchical allreduce (shm in host, tcp across)."),
-    Knob("HOROVOD_HIERARCHICAL_ALLGATHER", _bool, False, "Hierarchical allgather (multi-host)."),
-    Knob("HOROVOD_TORUS_ALLREDUCE", _bool, False, "2D torus allreduce (NCCL only; accepted, no effect on CPU)."),
-    Knob("HOROVOD_DISABLE_GROUP_FUSION", _bool, False, "Fuse each group separately from the others."),
+    Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", parse_bool, False,
+         "Hierarchical allreduce. Accepted, no effect: across hosts the data plane is hierarchical anyway "
+         "(shm in host, tcp across); autotune leaves it alone when set.", inert=True),
+    Knob("HOROVOD_HIERARCHICAL_ALLGATHER", parse_bool, False,
+         "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway; "
+         "autotune leaves it alone when set.", inert=True),
+    Knob("HOROVOD_TORUS_ALLREDUCE", parse_bool, False, "2D torus allreduce (NCCL only). Accepted, no effect.",
+         inert=True),
+    Knob("HOROVOD_DISABLE_GROUP_FUSION", parse_bool, False, "Fuse each group separately from the others."),
     # Autotune (issue: see and tune).
-    Knob("HOROVOD_AUTOTUNE", _bool, False, "Bayesian autotuning of fusion threshold and cycle time."),
+    Knob("HOROVOD_AUTOTUNE", parse_bool, False, "Bayesian autotuning of fusion threshold and cycle time."),
     Knob("HOROVOD_AUTOTUNE_LOG", _str, "", "CSV log of autotune samples, written by rank 0."),
     Knob("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", int, 3, "Autotune samples discarded at the start."),
     Knob("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", int, 10, "Steps per autotune sample."),
@@ -56,37 +82,47 @@ _KNOBS = [
     Knob("HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", float, 0.8, "Gaussian process noise alpha in [0, 1]."),
     # Timeline and stall inspector.
     Knob("HOROVOD_TIMELINE", _str, "", "Timeline file written by rank 0, or DYNAMIC."),
-    Knob("HOROVOD_TIMELINE_MARK_CYCLES", _bool, False, "Write CYCLE_START markers into the timeline."),
-    Knob("HOROVOD_STALL_CHECK_DISABLE", _bool, False, "Disable the stall inspector."),
+    Knob("HOROVOD_TIMELINE_MARK_CYCLES", parse_bool, False, "Write CYCLE_START markers into the timeline."),
+    Knob("HOROVOD_STALL_CHECK_DISABLE", parse_bool, False, "Disable the stall inspector."),
     Knob("HOROVOD_STALL_CHECK_TIME_SECONDS", float, 60.0, "Warn about tensors stalled this long."),
     Knob("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", float, 0.0, "Shut down when stalled this long (0 = never)."),
     # Library options.
-    Knob("HOROVOD_MPI_THREADS_DISABLE", _bool, False, "Initialise MPI with MPI_THREAD_SINGLE."),
-    Knob("HOROVOD_NUM_NCCL_STREAMS", int, 1, "NCCL streams per device."),
+    Knob("HOROVOD_MPI_THREADS_DISABLE", parse_bool, False, "Initialise MPI with MPI_THREAD_SINGLE."),
+    Knob("HOROVOD_NUM_NCCL_STREAMS", int, 1, "NCCL streams per device. Accepted, no effect (no NCCL data plane).",
+         inert=True),
     Knob("HOROVOD_THREAD_AFFINITY", _str, "", "Comma-separated core ids, one per local rank, for the engine thread."),
-    Knob("HOROVOD_GLOO_TIMEOUT_SECONDS", float, 30.0, "Rendezvous and connection timeout."),
+    Knob("HOROVOD_GLOO_TIMEOUT_SECONDS", float, 30.0,
+         "Rendezvous and connection timeout. Accepted, no effect (HOROVOD_START_TIMEOUT bounds the start).",
+         inert=True),
     Knob("HOROVOD_GLOO_IFACE", _str, "", "Network interface for the tcp data plane."),
     Knob("HOROVOD_GLOO_RENDEZVOUS_ADDR", _str, "", "Rendezvous server address (set by horovodrun)."),
     Knob("HOROVOD_GLOO_RENDEZVOUS_PORT", int, 0, "Rendezvous server port (set by horovodrun)."),
     Knob("HOROVOD_CONTROLLER", _upper, "", "MPI or GLOO; GLOO means this project's built-in controller."),
     Knob("HOROVOD_CPU_OPERATIONS", _upper, "", "Data plane for CPU tensors: SHM, TCP, MPI (GLOO = built-in)."),
-    Knob("HOROVOD_ELASTIC", _bool, False, "Elastic mode."),
-    Knob("HOROVOD_DYNAMIC_PROCESS_SETS", _bool, False, "Allow add_process_set/remove_process_set."),
-    Knob("HOROVOD_ENABLE_ASYNC_COMPLETION", _bool, False, "Complete GPU ops asynchronously."),
-    Knob("HOROVOD_ENABLE_XLA_OPS", _bool, False, "TensorFlow XLA ops."),
-    Knob("HOROVOD_BATCH_D2D_MEMCOPIES", _bool, True, "Batched device-to-device copies (GPU)."),
-    Knob("HOROVOD_ADASUM_MPI_CHUNK_SIZE", int, 1 << 30, "Adasum MPI chunk bytes."),
+    Knob("HOROVOD_ELASTIC", parse_bool, False, "Elastic mode."),
+    Knob("HOROVOD_DYNAMIC_PROCESS_SETS", parse_bool, False,
+         "Allow add_process_set/remove_process_set. Accepted, no effect (process sets are not available yet).",
+         inert=True),
+    Knob("HOROVOD_ENABLE_ASYNC_COMPLETION", parse_bool, False, "Complete GPU ops asynchronously. Accepted, no effect.",
+         inert=True),
+    Knob("HOROVOD_ENABLE_XLA_OPS", parse_bool, False, "TensorFlow XLA ops. Accepted, no effect.", inert=True),
+    Knob("HOROVOD_BATCH_D2D_MEMCOPIES", parse_bool, True, "Batched device-to-device copies (GPU). Accepted, no effect.",
+         inert=True),
+    Knob("HOROVOD_ADASUM_MPI_CHUNK_SIZE", int, 1 << 30, "Adasum MPI chunk bytes. Accepted, no effect.",
+         inert=True),
     Knob("HOROVOD_LOG_LEVEL", _upper, "WARNING", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL."),
-    Knob("HOROVOD_LOG_HIDE_TIME", _bool, False, "Omit timestamps from log records."),
+    Knob("HOROVOD_LOG_HIDE_TIME", parse_bool, False, "Omit timestamps from log records."),
     Knob("HOROVOD_START_TIMEOUT", float, 30.0, "Seconds for all ranks to start and connect."),
-    Knob("HOROVOD_ELASTIC_TIMEOUT", float, 600.0, "Elastic: seconds to wait for enough slots."),
+    Knob("HOROVOD_ELASTIC_TIMEOUT", float, 600.0,
+         "Elastic: seconds to wait for enough slots. Accepted, no effect (elastic mode is not available yet).",
+         inert=True),
     # Topology (set by horovodrun).
-    Knob("HOROVOD_RANK", int, -1, "Global rank of this process."),
-    Knob("HOROVOD_SIZE", int, -1, "Number of processes."),
-    Knob("HOROVOD_LOCAL_RANK", int, -1, "Rank within this host."),
-    Knob("HOROVOD_LOCAL_SIZE", int, -1, "Processes on this host."),
-    Knob("HOROVOD_CROSS_RANK", int, -1, "Index of this host among hosts with this local rank."),
-    Knob("HOROVOD_CROSS_SIZE", int, -1, "Hosts that have this local rank."),
+    Knob("HOROVOD_RANK", int, -1, "Global rank of this process (set by the launcher)."),
+    Knob("HOROVOD_SIZE", int, -1, "Number of processes (set by the launcher)."),
+    Knob("HOROVOD_LOCAL_RANK", int, -1, "Rank within this host (set by the launcher)."),
+    Knob("HOROVOD_LOCAL_SIZE", int, -1, "Processes on this host (set by the launcher)."),
+    Knob("HOROVOD_CROSS_RANK", int, -1, "Index of this host among hosts with this local rank (set by the launcher)."),
+    Knob("HOROVOD_CROSS_SIZE", int, -1, "Hosts that have this local rank (set by the launcher)."),
     Knob("HOROVOD_HOSTNAME", _str, "", "Host identity used to group local ranks."),
     # Ours.
     Knob("HOROVOD_SHM_CHUNK_BYTES", int, 4 * 1024 * 1024,
@@ -106,7 +142,7 @@ _KNOBS = [
     Knob("HOROVOD_MPI_MOVE_MAX_BYTES", int, -1,
          "Under MPI on one host, allgather, broadcast and alltoall up to this size use MPI, larger ones the "
          "built-in shm plane; -1 = any size (the measured best), 0 = always shm.", ours=True),
-    Knob("HOROVOD_DEADLOCK_CHECK_DISABLE", _bool, False,
+    Knob("HOROVOD_DEADLOCK_CHECK_DISABLE", parse_bool, False,
          "Turn off deadlock detection (the stall inspector's warnings stay; HOROVOD_STALL_CHECK_DISABLE turns "
          "off both).", ours=True),
     Knob("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS", float, 5.0,
@@ -114,7 +150,7 @@ _KNOBS = [
          "this long with no new submission; at most HOROVOD_STALL_CHECK_TIME_SECONDS.", ours=True),
     Knob("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS", float, 5.0,
          "Seconds after a deadlock report until every pending collective fails and the job ends.", ours=True),
-    Knob("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE", _bool, False,
+    Knob("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE", parse_bool, False,
          "Only report deadlocks, never end the job (for programs that submit collectives from several threads).",
          ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
@@ -125,13 +161,19 @@ _KNOBS = [
 KNOBS = {k.name: k for k in _KNOBS}
 
 
-def get(name: str) -> Any:
-    """Return the typed value of knob ``name`` from the environment, or its default.
+def _raw(name: str, env: Optional[Mapping[str, str]]) -> Optional[str]:
+    if name not in KNOBS:
+        raise KeyError(name)
+    return (os.environ if env is None else env).get(name)
+
+
+def get(name: str, env: Optional[Mapping[str, str]] = None) -> Any:
+    """Return the typed value of knob ``name`` from ``env`` (the process environment by default), or its default.
 
     Raises ValueError naming the variable when its value does not parse.
     """
     knob = KNOBS[name]
-    raw = os.environ.get(name)
+    raw = _raw(name, env)
     if raw is None or raw == "":
         return knob.default
     try:
@@ -140,8 +182,19 @@ def get(name: str) -> Any:
         raise ValueError(f"Invalid value for {name}={raw!r}: {exc}. {knob.doc}") from None
 
 
-def is_set(name: str) -> bool:
-    """True when the user set ``name`` explicitly (autotune leaves such knobs alone)."""
-    if name not in KNOBS:
-        raise KeyError(name)
-    return os.environ.get(name, "") != ""
+def is_set(name: str, env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when the user set ``name`` explicitly in ``env`` (the process environment by default); autotune
+    leaves such knobs alone."""
+    return _raw(name, env) not in (None, "")
+
+
+_inert_logged: Set[str] = set()
+
+
+def log_inert_knobs(env: Optional[Mapping[str, str]] = None) -> None:
+    """Log at DEBUG, once per process and knob, each ``inert`` knob that is set: it is accepted, with no effect."""
+    for knob in _KNOBS:
+        if knob.inert and knob.name not in _inert_logged and is_set(knob.name, env):
+            _inert_logged.add(knob.name)
+            log.debug("%s is set; it is accepted for compatibility and has no effect in this release (%s)",
+                      knob.name, knob.doc)

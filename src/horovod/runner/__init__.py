@@ -6,81 +6,32 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from horovod.common import options
+
 
 class _HorovodArgs:
-    """The arguments ``horovodrun`` would have parsed, for :func:`run` (upstream's class of this name)."""
+    """The arguments ``horovodrun`` would have parsed, for :func:`run` (upstream's class of this name).
+
+    One attribute per destination of the option table (:data:`horovod.common.options.OPTIONS`), at the value
+    ``horovod.run`` gives it when its keyword is not passed (None for most), plus ``run_func`` and
+    ``executable``.
+    """
 
     def __init__(self) -> None:
-        self.np = 1
-        self.check_build = None
-        self.ssh_port = None
-        self.ssh_identity_file = None
-        self.disable_cache = None
-        self.start_timeout = None
-        self.nics = None
-        self.output_filename = None
-        self.verbose = None
-        self.command = None
-        self.run_func = None
-        self.executable = None
-        self.config_file = None
+        for option in options.OPTIONS:
+            if option.kind != options.VERSION:
+                setattr(self, option.dest, option.run_default)
+        self.run_func: Optional[Callable[[], Any]] = None
+        self.executable: Optional[str] = None
 
-        # np for elastic
-        self.min_np = None
-        self.max_np = None
-        self.slots = None
-        self.elastic_timeout = None
-        self.reset_limit = None
-        self.cooldown_range = None
-
-        # Params
-        self.fusion_threshold_mb = None
-        self.cycle_time_ms = None
-        self.cache_capacity = None
-        self.hierarchical_allreduce = None
-        self.hierarchical_allgather = None
-        self.torus_allreduce = None
-
-        # Autotune
-        self.autotune = None
-        self.autotune_log_file = None
-        self.autotune_warmup_samples = None
-        self.autotune_steps_per_sample = None
-        self.autotune_bayes_opt_max_samples = None
-        self.autotune_gaussian_process_noise = None
-
-        # Timeline
-        self.timeline_filename = None
-        self.timeline_mark_cycles = None
-
-        # Stall check
-        self.no_stall_check = None
-        self.stall_check_warning_time_seconds = None
-        self.stall_check_shutdown_time_seconds = None
-
-        # Library options
-        self.mpi_threads_disable = None
-        self.num_nccl_streams = None
-        self.thread_affinity = None
-        self.gloo_timeout_seconds = None
-        self.mpi_args = None
-        self.tcp_flag = None
-        self.binding_args = None
-
-        # Logging
-        self.log_level = None
-        self.log_with_timestamp = None
-        self.prefix_output_with_timestamp = False
-
-        # Hosts
-        self.hosts = None
-        self.hostfile = None
-        self.host_discovery_script = None
-
-        # Controller
-        self.use_gloo = None
-        self.use_mpi = None
-        self.use_jsrun = None
+    @classmethod
+    def from_keywords(cls, keywords: Dict[str, Any]) -> _HorovodArgs:
+        """The arguments with each option whose ``horovod.run`` keyword is in ``keywords`` (and not None) set."""
+        hargs = cls()
+        for option in options.OPTIONS:
+            if option.keyword is not None and keywords.get(option.keyword) is not None:
+                setattr(hargs, option.dest, keywords[option.keyword])
+        return hargs
 
 
 def run(
@@ -123,51 +74,36 @@ def run(
     the first failed rank when a rank died; NotImplementedError for elastic mode (not available yet). With
     ``use_mpi=True`` the ranks are started by ``mpirun`` (see :mod:`horovod.runner.mpi_run`).
     """
-    import warnings
-
     from horovod.runner import launch
 
-    if hosts is not None and hostfile is not None:
-        raise ValueError("Argument hosts and hostfile cannot be given together, only one of them.")
-    if use_gloo and use_mpi:
-        raise ValueError("Argument use_gloo and use_mpi cannot be given together, only one of them.")
-    if num_proc is not None and np is not None and num_proc != np:
-        raise ValueError(f"num_proc={num_proc} and np={np} disagree; give only one of them.")
-    if min_num_proc is not None and min_np is not None and min_num_proc != min_np:
-        raise ValueError(f"min_num_proc={min_num_proc} and min_np={min_np} disagree; give only one of them.")
-    if max_num_proc is not None and max_np is not None and max_num_proc != max_np:
-        raise ValueError(f"max_num_proc={max_num_proc} and max_np={max_np} disagree; give only one of them.")
-    if network_interface is not None:
-        warnings.warn("network_interface is deprecated, use network_interfaces instead", DeprecationWarning,
-                      stacklevel=2)
-        network_interfaces = network_interfaces or network_interface
-
-    kwargs = dict(kwargs or {})
-    call_args = tuple(args)
+    keywords = _resolve_keywords(dict(locals()))
+    call_args, call_kwargs = tuple(args), dict(kwargs or {})
 
     def wrapped_func():
-        return func(*call_args, **kwargs)
+        return func(*call_args, **call_kwargs)
 
-    hargs = _HorovodArgs()
-    hargs.np = num_proc if num_proc is not None else (np if np is not None else 1)
-    hargs.min_np = min_num_proc if min_num_proc is not None else min_np
-    hargs.max_np = max_num_proc if max_num_proc is not None else max_np
-    hargs.slots = slots
-    hargs.reset_limit = reset_limit
-    hargs.cooldown_range = cooldown_range
-    hargs.hosts = hosts
-    hargs.hostfile = hostfile
-    hargs.host_discovery_script = host_discovery_script
-    hargs.start_timeout = start_timeout
-    hargs.ssh_port = ssh_port
-    hargs.ssh_identity_file = ssh_identity_file
-    hargs.disable_cache = disable_cache
-    hargs.output_filename = output_filename
-    hargs.verbose = verbose
-    hargs.use_gloo = use_gloo
-    hargs.use_mpi = use_mpi
-    hargs.mpi_args = mpi_args
-    hargs.nics = network_interfaces
+    hargs = _HorovodArgs.from_keywords(keywords)
     hargs.run_func = wrapped_func
     hargs.executable = executable
     return launch._run(hargs)
+
+
+def _resolve_keywords(given: Dict[str, Any]) -> Dict[str, Any]:
+    """``run``'s keywords checked, with each alias pair (``num_proc``/``np``, ``min_num_proc``/``min_np``,
+    ``max_num_proc``/``max_np``, ``network_interface``/``network_interfaces``) resolved to the table's keyword."""
+    import warnings
+
+    if given["hosts"] is not None and given["hostfile"] is not None:
+        raise ValueError("Argument hosts and hostfile cannot be given together, only one of them.")
+    if given["use_gloo"] and given["use_mpi"]:
+        raise ValueError("Argument use_gloo and use_mpi cannot be given together, only one of them.")
+    resolved = dict(given)
+    for long, short in (("num_proc", "np"), ("min_num_proc", "min_np"), ("max_num_proc", "max_np")):
+        if given[long] is not None and given[short] is not None and given[long] != given[short]:
+            raise ValueError(f"{long}={given[long]} and {short}={given[short]} disagree; give only one of them.")
+        resolved[short] = given[long] if given[long] is not None else given[short]
+    if given["network_interface"] is not None:
+        warnings.warn("network_interface is deprecated, use network_interfaces instead", DeprecationWarning,
+                      stacklevel=3)
+        resolved["network_interfaces"] = given["network_interfaces"] or given["network_interface"]
+    return resolved

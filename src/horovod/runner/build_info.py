@@ -66,15 +66,15 @@ def _probe(module: str, snippet: str, timeout: float = 120.0) -> bool:
 
 def detect() -> BuildInfo:
     """Probe everything (a few seconds when large frameworks are installed)."""
-    from horovod.core import basics
+    from horovod.common import build
 
     probes = {name: probe for name, probe in _PROBES.items()
               if name not in _BINDINGS or _binding_present(_BINDINGS[name])}
     with ThreadPoolExecutor(max_workers=len(probes)) as pool:
         futures = {name: pool.submit(_probe, module, snippet) for name, (module, snippet) in probes.items()}
         found: Dict[str, bool] = {name: futures[name].result() if name in futures else False for name in _PROBES}
-    # MPI counts when mpi4py is installed (basics.mpi_built) and its MPI library loads (the probe).
-    found["MPI"] = found["MPI"] and basics.mpi_built()
+    # MPI counts when mpi4py is installed (build.mpi_built) and its MPI library loads (the probe).
+    found["MPI"] = found["MPI"] and build.mpi_built()
     return BuildInfo(
         tensorflow=found["TensorFlow"], torch=found["PyTorch"], mxnet=found["MXNet"], jax=found["JAX"],
         mpi=found["MPI"],

@@ -2,71 +2,25 @@
 
 This keeps upstream's mapping (``horovod/runner/common/util/config_parser.py``): the fusion threshold is given in
 MB and exported in bytes, boolean flags become ``1``/``0``, the autotune variables are exported only with
-``--autotune`` and the timeline variables only with a timeline file name.
+``--autotune`` and the timeline variables only with a timeline file name. Every mapping here is generated from
+the option table :data:`horovod.common.options.OPTIONS`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, Set, Tuple
+import logging
+from typing import Any, Callable, Dict, Mapping, MutableMapping, Set, Tuple
 
-# Parameter knobs
-HOROVOD_FUSION_THRESHOLD = "HOROVOD_FUSION_THRESHOLD"
-HOROVOD_CYCLE_TIME = "HOROVOD_CYCLE_TIME"
-HOROVOD_CACHE_CAPACITY = "HOROVOD_CACHE_CAPACITY"
-HOROVOD_HIERARCHICAL_ALLREDUCE = "HOROVOD_HIERARCHICAL_ALLREDUCE"
-HOROVOD_HIERARCHICAL_ALLGATHER = "HOROVOD_HIERARCHICAL_ALLGATHER"
-HOROVOD_TORUS_ALLREDUCE = "HOROVOD_TORUS_ALLREDUCE"
+from horovod.common import options
+from horovod.common.config import parse_bool
+from horovod.common.options import Option
 
-# Autotune knobs
-HOROVOD_AUTOTUNE = "HOROVOD_AUTOTUNE"
-HOROVOD_AUTOTUNE_LOG = "HOROVOD_AUTOTUNE_LOG"
-HOROVOD_AUTOTUNE_WARMUP_SAMPLES = "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"
-HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE = "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"
-HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES = "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"
-HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE = "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"
+log = logging.getLogger(__name__)
 
-# Timeline knobs
-HOROVOD_TIMELINE = "HOROVOD_TIMELINE"
-HOROVOD_TIMELINE_MARK_CYCLES = "HOROVOD_TIMELINE_MARK_CYCLES"
-
-# Stall check knobs
-HOROVOD_STALL_CHECK_DISABLE = "HOROVOD_STALL_CHECK_DISABLE"
-HOROVOD_STALL_CHECK_TIME_SECONDS = "HOROVOD_STALL_CHECK_TIME_SECONDS"
-HOROVOD_STALL_SHUTDOWN_TIME_SECONDS = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
-
-# Library options knobs
-HOROVOD_MPI_THREADS_DISABLE = "HOROVOD_MPI_THREADS_DISABLE"
-HOROVOD_NUM_NCCL_STREAMS = "HOROVOD_NUM_NCCL_STREAMS"
-HOROVOD_THREAD_AFFINITY = "HOROVOD_THREAD_AFFINITY"
-HOROVOD_GLOO_TIMEOUT_SECONDS = "HOROVOD_GLOO_TIMEOUT_SECONDS"
-
-# Logging knobs
-HOROVOD_LOG_LEVEL = "HOROVOD_LOG_LEVEL"
-HOROVOD_LOG_HIDE_TIME = "HOROVOD_LOG_HIDE_TIME"
-
-LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
+LOG_LEVELS = options.LOG_LEVELS
 
 # Flags that have a default in parse_args and are exported even when not given. When the user did not give the
 # flag but exported the variable, the launcher keeps the user's value (upstream silently reset it to the default).
-DEFAULTED_ARGS = {
-    "stall_check_warning_time_seconds": HOROVOD_STALL_CHECK_TIME_SECONDS,
-    "stall_check_shutdown_time_seconds": HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
-    "num_nccl_streams": HOROVOD_NUM_NCCL_STREAMS,
-    "gloo_timeout_seconds": HOROVOD_GLOO_TIMEOUT_SECONDS,
-    "autotune_warmup_samples": HOROVOD_AUTOTUNE_WARMUP_SAMPLES,
-    "autotune_steps_per_sample": HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE,
-    "autotune_bayes_opt_max_samples": HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES,
-    "autotune_gaussian_process_noise": HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE,
-}
-
-
-def _as_bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, int) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-        return v.strip().lower() in ("true", "yes", "on", "1")
-    raise ValueError("must be true or false")
+DEFAULTED_ARGS: Dict[str, str] = {o.dest: o.env for o in options.OPTIONS if o.defaulted and o.env}
 
 
 def _as_int(v: Any) -> int:
@@ -87,52 +41,35 @@ def _as_str(v: Any) -> str:
     return str(v)
 
 
-def _as_level(v: Any) -> str:
-    level = str(v).strip().upper()
-    if level not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
-    return level
+def _file_converter(option: Option) -> Callable[[Any], Any]:
+    """How a config-file value becomes the option's value: by the option's type (booleans through
+    :func:`horovod.common.config.parse_bool`), choices upper-cased and checked, negated where the key is."""
+    if option.kind == options.SWITCH:
+        if option.file_negated:
+            return lambda v: not parse_bool(v)
+        return parse_bool
+    if option.choices is not None:
+        def choice(v: Any) -> str:
+            value = str(v).strip().upper()
+            if value not in option.choices:
+                raise ValueError(f"must be one of {', '.join(option.choices)}")
+            return value
+        return choice
+    return {int: _as_int, float: _as_float}.get(option.type, _as_str)
 
 
-# section -> key in the file -> (dest on args, converter). Upstream's sections and keys
+def _config_sections() -> Dict[str, Dict[str, Tuple[Option, Callable[[Any], Any]]]]:
+    sections: Dict[str, Dict[str, Tuple[Option, Callable[[Any], Any]]]] = {}
+    for option in options.OPTIONS:
+        if option.file_key:
+            section, key = option.file_key.split(".")
+            sections.setdefault(section, {})[key] = (option, _file_converter(option))
+    return sections
+
+
+# section -> key in the file -> (option, converter). Upstream's sections and keys
 # (``test/single/data/config.test.yaml``).
-CONFIG_SECTIONS: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
-    "params": {
-        "fusion_threshold_mb": ("fusion_threshold_mb", _as_int),
-        "cycle_time_ms": ("cycle_time_ms", _as_float),
-        "cache_capacity": ("cache_capacity", _as_int),
-        "hierarchical_allreduce": ("hierarchical_allreduce", _as_bool),
-        "hierarchical_allgather": ("hierarchical_allgather", _as_bool),
-        "torus_allreduce": ("torus_allreduce", _as_bool),
-    },
-    "autotune": {
-        "enabled": ("autotune", _as_bool),
-        "log_file": ("autotune_log_file", _as_str),
-        "warmup_samples": ("autotune_warmup_samples", _as_int),
-        "steps_per_sample": ("autotune_steps_per_sample", _as_int),
-        "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", _as_int),
-        "gaussian_process_noise": ("autotune_gaussian_process_noise", _as_float),
-    },
-    "timeline": {
-        "filename": ("timeline_filename", _as_str),
-        "mark_cycles": ("timeline_mark_cycles", _as_bool),
-    },
-    "stall_check": {
-        "enabled": ("no_stall_check", lambda v: not _as_bool(v)),
-        "warning_time_seconds": ("stall_check_warning_time_seconds", _as_int),
-        "shutdown_time_seconds": ("stall_check_shutdown_time_seconds", _as_int),
-    },
-    "library_options": {
-        "mpi_threads_disable": ("mpi_threads_disable", _as_bool),
-        "num_nccl_streams": ("num_nccl_streams", _as_int),
-        "thread_affinity": ("thread_affinity", _as_str),
-        "gloo_timeout_seconds": ("gloo_timeout_seconds", _as_int),
-    },
-    "logging": {
-        "level": ("log_level", _as_level),
-        "with_timestamp": ("log_with_timestamp", _as_bool),
-    },
-}
+CONFIG_SECTIONS = _config_sections()
 CONTROLLERS = ("gloo", "mpi", "jsrun")
 
 
@@ -164,20 +101,7 @@ def set_args_from_config(args: Any, config: Mapping[str, Any], override_args: Se
     Unknown sections and keys are logged and ignored (upstream ignores them silently); a value of the wrong type
     raises ValueError naming the section and key.
     """
-    import logging
-
-    log = logging.getLogger(__name__)
-    applied: Set[str] = set()
-
-    controller = config.get("controller")
-    if controller and not (getattr(args, "use_gloo", None) or getattr(args, "use_mpi", None)
-                           or getattr(args, "use_jsrun", None)):
-        name = str(controller).strip().lower()
-        if name not in CONTROLLERS:
-            raise ValueError(f"{source}: No such controller supported: {controller!r} (use gloo, mpi or jsrun).")
-        setattr(args, f"use_{name}", True)
-        applied.add(f"use_{name}")
-
+    applied = _apply_controller(args, config.get("controller"), source)
     for section_name, section in config.items():
         if section_name == "controller":
             continue
@@ -189,112 +113,71 @@ def set_args_from_config(args: Any, config: Mapping[str, Any], override_args: Se
             section = {}
         if not isinstance(section, dict):
             raise ValueError(f"{source}: section {section_name!r} must be a mapping of key: value.")
-        keys = CONFIG_SECTIONS[section_name]
-        for key in section:
-            if key not in keys:
-                log.warning("%s: ignoring unknown key %s.%s (known keys: %s)", source, section_name, key,
-                            ", ".join(keys))
-        effective = dict(section)
-        if section_name == "autotune":
-            effective.setdefault("enabled", False)
-        if section_name == "stall_check":
-            effective.setdefault("enabled", True)
-        for key, (dest, convert) in keys.items():
-            if key not in effective or effective[key] is None or dest in override_args:
-                continue
-            try:
-                value = convert(effective[key])
-            except ValueError as exc:
-                raise ValueError(f"{source}: {section_name}.{key}={effective[key]!r} {exc}.") from None
-            setattr(args, dest, value)
-            applied.add(dest)
+        applied |= _apply_section(args, section_name, section, override_args, source)
     return applied
 
 
-def _validate_arg_nonnegative(args: Any, arg_name: str) -> None:
-    value = getattr(args, arg_name, None)
-    if value is not None and value < 0:
-        raise ValueError(f"{arg_name}={value} must be >= 0")
+def _apply_controller(args: Any, controller: Any, source: str) -> Set[str]:
+    """``controller:`` selects gloo, mpi or jsrun unless a controller flag was given."""
+    if not controller or any(getattr(args, f"use_{name}", None) for name in CONTROLLERS):
+        return set()
+    name = str(controller).strip().lower()
+    if name not in CONTROLLERS:
+        raise ValueError(f"{source}: No such controller supported: {controller!r} (use gloo, mpi or jsrun).")
+    setattr(args, f"use_{name}", True)
+    return {f"use_{name}"}
+
+
+def _apply_section(args: Any, section_name: str, section: Mapping[str, Any], override_args: Set[str],
+                   source: str) -> Set[str]:
+    """One known section of the file onto ``args``; returns the dests it set."""
+    keys = CONFIG_SECTIONS[section_name]
+    for key in section:
+        if key not in keys:
+            log.warning("%s: ignoring unknown key %s.%s (known keys: %s)", source, section_name, key,
+                        ", ".join(keys))
+    applied: Set[str] = set()
+    for key, (option, convert) in keys.items():
+        raw = section.get(key, option.file_missing)
+        if raw is None or option.dest in override_args:
+            continue
+        try:
+            value = convert(raw)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {section_name}.{key}={raw!r} {exc}.") from None
+        setattr(args, option.dest, value)
+        applied.add(option.dest)
+    return applied
 
 
 def validate_config_args(args: Any) -> None:
-    """Check the tunable values (non-negative, noise in [0, 1], known log level, affinity list)."""
-    for name in ("fusion_threshold_mb", "cycle_time_ms", "cache_capacity", "autotune_warmup_samples",
-                 "autotune_steps_per_sample", "autotune_bayes_opt_max_samples",
-                 "stall_check_warning_time_seconds", "stall_check_shutdown_time_seconds", "num_nccl_streams",
-                 "gloo_timeout_seconds"):
-        _validate_arg_nonnegative(args, name)
-
-    noise = getattr(args, "autotune_gaussian_process_noise", None)
-    if noise is not None and (noise < 0 or noise > 1):
-        raise ValueError(f"autotune_gaussian_process_noise={noise} must be in [0, 1]")
-
-    level = getattr(args, "log_level", None)
-    if level is not None and level not in LOG_LEVELS:
-        raise ValueError(f"Log level must be one of: {LOG_LEVELS}")
-
-    affinity = getattr(args, "thread_affinity", None)
-    if affinity is not None:
-        items = str(affinity).split(",")
-        if not all(item.strip().isdigit() for item in items):
-            raise ValueError(
-                f"thread_affinity={affinity!r} must be a core id or a comma-separated list of core ids, "
-                "one per local rank (e.g. 0,2,4,6)"
-            )
-
-
-def _add_arg_to_env(env: MutableMapping[str, str], env_key: str, arg_value: Any,
-                    transform_fn: Optional[Callable[[Any], Any]] = None) -> None:
-    if arg_value is not None:
-        value = transform_fn(arg_value) if transform_fn else arg_value
-        env[env_key] = str(value)
+    """Check the tunable values against the table: bounds (non-negative, noise in [0, 1]), choices (log
+    level) and the option's own check (thread affinity list). Raises ValueError naming the option."""
+    for option in options.OPTIONS:
+        value = getattr(args, option.dest, None)
+        if value is None:
+            continue
+        if option.bounds is not None:
+            low, high = option.bounds
+            if high is None and value < low:
+                raise ValueError(f"{option.dest}={value} must be >= {low}")
+            if high is not None and not low <= value <= high:
+                raise ValueError(f"{option.dest}={value} must be in [{low}, {high}]")
+        if option.choices is not None and value not in option.choices:
+            raise ValueError(f"{option.dest}={value!r} must be one of: {', '.join(option.choices)}")
+        if option.check is not None:
+            option.check(value)
 
 
 def set_env_from_args(env: MutableMapping[str, str], args: Any) -> MutableMapping[str, str]:
-    """Export the tunable flags in ``args`` into ``env`` (in place) and return it. Unset flags are skipped."""
-
-    def identity(value: Any) -> int:
-        return 1 if value else 0
-
-    def get(name: str) -> Any:
-        return getattr(args, name, None)
-
-    # Params
-    _add_arg_to_env(env, HOROVOD_FUSION_THRESHOLD, get("fusion_threshold_mb"), lambda v: int(v * 1024 * 1024))
-    _add_arg_to_env(env, HOROVOD_CYCLE_TIME, get("cycle_time_ms"))
-    _add_arg_to_env(env, HOROVOD_CACHE_CAPACITY, get("cache_capacity"))
-    _add_arg_to_env(env, HOROVOD_HIERARCHICAL_ALLREDUCE, get("hierarchical_allreduce"), identity)
-    _add_arg_to_env(env, HOROVOD_HIERARCHICAL_ALLGATHER, get("hierarchical_allgather"), identity)
-    _add_arg_to_env(env, HOROVOD_TORUS_ALLREDUCE, get("torus_allreduce"), identity)
-
-    # Autotune
-    if get("autotune"):
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE, get("autotune"), identity)
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE_LOG, get("autotune_log_file"))
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE_WARMUP_SAMPLES, get("autotune_warmup_samples"))
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE, get("autotune_steps_per_sample"))
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES, get("autotune_bayes_opt_max_samples"))
-        _add_arg_to_env(env, HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE, get("autotune_gaussian_process_noise"))
-
-    # Timeline
-    if get("timeline_filename"):
-        _add_arg_to_env(env, HOROVOD_TIMELINE, get("timeline_filename"))
-        _add_arg_to_env(env, HOROVOD_TIMELINE_MARK_CYCLES, get("timeline_mark_cycles"), identity)
-
-    # Stall check
-    _add_arg_to_env(env, HOROVOD_STALL_CHECK_DISABLE, get("no_stall_check"), identity)
-    _add_arg_to_env(env, HOROVOD_STALL_CHECK_TIME_SECONDS, get("stall_check_warning_time_seconds"))
-    _add_arg_to_env(env, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, get("stall_check_shutdown_time_seconds"))
-
-    # Library options
-    _add_arg_to_env(env, HOROVOD_MPI_THREADS_DISABLE, get("mpi_threads_disable"), identity)
-    _add_arg_to_env(env, HOROVOD_NUM_NCCL_STREAMS, get("num_nccl_streams"))
-    _add_arg_to_env(env, HOROVOD_THREAD_AFFINITY, get("thread_affinity"))
-    _add_arg_to_env(env, HOROVOD_GLOO_TIMEOUT_SECONDS, get("gloo_timeout_seconds"))
-
-    # Logging
-    _add_arg_to_env(env, HOROVOD_LOG_LEVEL, get("log_level"))
-    if get("log_with_timestamp") is not None:
-        _add_arg_to_env(env, HOROVOD_LOG_HIDE_TIME, not get("log_with_timestamp"), identity)
-
+    """Export the tunable flags in ``args`` into ``env`` (in place) and return it. Unset flags are skipped, and
+    so are options exported only with another (the autotune values only with ``--autotune``, the timeline's only
+    with a file name)."""
+    for option in options.OPTIONS:
+        value = getattr(args, option.dest, None)
+        if option.env is None or value is None:
+            continue
+        if option.env_only_with and not getattr(args, option.env_only_with, None):
+            continue
+        env[option.env] = option.env_value(value)
     return env
