@@ -39,7 +39,7 @@ def mpi4py_available() -> bool:
 def launched_by_mpi(env: Optional[dict] = None) -> bool:
     """True when an MPI launcher started this process and horovodrun's own rendezvous is absent."""
     env = os.environ if env is None else env
-    if env.get("HOROVOD_RANK") is not None and env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+    if config.is_set("HOROVOD_RANK", env) and config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", env):
         return False
     return any(env.get(name) for name in LAUNCHER_VARS)
 
@@ -136,7 +136,7 @@ class MPIContext:
     def topology(self) -> Topology:
         """Where this rank sits, from MPI (not from the launcher's environment, which a sub-communicator
         would contradict)."""
-        hostname = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        hostname = config.get("HOROVOD_HOSTNAME") or socket.gethostname()
         return Topology(self.rank, self.size, self.local.Get_rank(), self.local.Get_size(), self.cross.Get_rank(),
                         self.cross.Get_size(), hostname, "MPI").validate()
 

@@ -12,6 +12,8 @@ import re
 import socket
 from typing import List, Optional
 
+from horovod.common import config
+
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
@@ -62,25 +64,34 @@ class Detector:
         raise NotImplementedError
 
 
+def _knob(env: dict, name: str) -> Optional[int]:
+    """A ``HOROVOD_*`` topology knob from ``env`` through :mod:`horovod.common.config`; None when unset."""
+    return config.get(name, env) if config.is_set(name, env) else None
+
+
+def _hostname(env: dict) -> str:
+    return config.get("HOROVOD_HOSTNAME", env) or socket.gethostname()
+
+
 class HorovodLauncher(Detector):
     """Our own ``horovodrun`` (and upstream's Gloo launcher): ``HOROVOD_RANK`` and friends."""
 
     name = "horovodrun"
 
     def is_present(self, env: dict) -> bool:
-        return _int(env, "HOROVOD_RANK") is not None and _int(env, "HOROVOD_SIZE") is not None
+        return _knob(env, "HOROVOD_RANK") is not None and _knob(env, "HOROVOD_SIZE") is not None
 
     def topology(self, env: dict) -> Topology:
-        rank, size = _int(env, "HOROVOD_RANK"), _int(env, "HOROVOD_SIZE")
-        local_rank = _int(env, "HOROVOD_LOCAL_RANK")
-        local_size = _int(env, "HOROVOD_LOCAL_SIZE")
+        rank, size = _knob(env, "HOROVOD_RANK"), _knob(env, "HOROVOD_SIZE")
+        local_rank = _knob(env, "HOROVOD_LOCAL_RANK")
+        local_size = _knob(env, "HOROVOD_LOCAL_SIZE")
         if local_rank is None or local_size is None:
             local_rank, local_size = rank, size
-        cross_rank = _int(env, "HOROVOD_CROSS_RANK")
-        cross_size = _int(env, "HOROVOD_CROSS_SIZE")
+        cross_rank = _knob(env, "HOROVOD_CROSS_RANK")
+        cross_size = _knob(env, "HOROVOD_CROSS_SIZE")
         if cross_rank is None or cross_size is None:
             cross_rank, cross_size = 0, 1
-        hostname = env.get("HOROVOD_HOSTNAME") or socket.gethostname()
+        hostname = _hostname(env)
         return Topology(rank, size, local_rank, local_size, cross_rank, cross_size, hostname, self.name)
 
 
@@ -171,4 +182,4 @@ def detect(env: Optional[dict] = None) -> Topology:
     for detector in DETECTORS:
         if detector.is_present(env):
             return detector.topology(env).validate()
-    return Topology(0, 1, 0, 1, 0, 1, env.get("HOROVOD_HOSTNAME") or socket.gethostname(), "single process")
+    return Topology(0, 1, 0, 1, 0, 1, _hostname(env), "single process")

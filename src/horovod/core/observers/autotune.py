@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 from typing import IO, AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
+
+from horovod.common import config
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,14 @@ class Stage(enum.Enum):
     DONE = "done"
 
 
-def fixed_from_env(environ: Mapping[str, str]) -> Set[str]:
+def fixed_from_env(environ: Optional[Mapping[str, str]] = None) -> Set[str]:
     """The parameter names that ``environ`` sets explicitly, which the autotuner must leave alone.
 
     ``HOROVOD_FUSION_THRESHOLD`` fixes ``fusion_threshold``, ``HOROVOD_CYCLE_TIME`` fixes ``cycle_time_ms``
     and ``HOROVOD_CACHE_CAPACITY`` fixes ``cache_enabled`` (and the hierarchical/torus switches fix theirs).
     horovodrun exports these only for the flags the user gave.
     """
-    return {name for variable, name in FIXING_VARIABLES.items() if environ.get(variable, "") != ""}
+    return {name for variable, name in FIXING_VARIABLES.items() if config.is_set(variable, environ)}
 
 
 def _format_value(value: Any) -> str:
@@ -384,12 +385,10 @@ def make_autotuner(initial: Dict[str, Any]) -> Optional[Autotuner]:
     Call it on rank 0 only, with the engine's starting values (see :class:`Autotuner`). Parameters set
     explicitly in the environment are fixed. Returns None too when every parameter is fixed.
     """
-    from horovod.common import config
-
     if not config.get("HOROVOD_AUTOTUNE"):
         return None
     tuner = Autotuner(
-        initial, fixed_from_env(os.environ),
+        initial, fixed_from_env(),
         warmup_samples=config.get("HOROVOD_AUTOTUNE_WARMUP_SAMPLES"),
         steps_per_sample=config.get("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"),
         bayes_max_samples=config.get("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"),
