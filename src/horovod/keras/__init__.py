@@ -13,37 +13,9 @@ from horovod._keras import api as _api
 from horovod._keras import values as _values
 from horovod._keras.compression import Compression
 from horovod._keras.loading import load_model as _load_model
-from horovod.common.process_sets import (  # noqa: F401
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from horovod.common.types import Adasum, Average, ReduceOp, Sum  # noqa: F401
-from horovod.core.basics import (  # noqa: F401
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Average, ReduceOp
+from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.keras import callbacks  # noqa: F401
 
 broadcast_global_variables = _api.broadcast_global_variables

@@ -6,70 +6,32 @@ object helpers. It is the framework-agnostic face of the op layer that tests and
 """
 from __future__ import annotations
 
-import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as _np
 
 from horovod.common import types as _types
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Average, ReduceOp
 from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core import api as _api
 from horovod.core import ops as _ops
-from horovod.core.basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.engine.handles import Handle
+from horovod.core.handle_map import HandleMap
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
-    "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
-    "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
+__all__ = _api.__all__ + [
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_async", "grouped_allreduce_", "grouped_allreduce_async_",
     "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
     "broadcast", "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
     "join", "barrier", "poll", "synchronize", "broadcast_object", "allgather_object",
-    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "ReduceOp", "HorovodInternalError",
-    "HostsUpdatedInterrupt",
 ]
 
 _handle_op = get_average_backwards_compatibility_fun(_types)
-_lock = threading.Lock()
-_handles: Dict[int, Handle] = {}
-_next = [0]
-
-
-def _register(handle: Handle) -> int:
-    with _lock:
-        hid = _next[0]
-        _next[0] += 1
-        _handles[hid] = handle
-    return hid
+_handles: HandleMap[Handle] = HandleMap()
+_register = _handles.add
 
 
 def _name(op: str, name: Optional[str]) -> str:
@@ -78,17 +40,12 @@ def _name(op: str, name: Optional[str]) -> str:
 
 def poll(handle: int) -> bool:
     """True if the operation behind ``handle`` has finished."""
-    with _lock:
-        h = _handles.get(handle)
-    if h is None:
-        raise ValueError(f"Handle {handle} was not created or has been cleared.")
-    return h.poll()
+    return _handles.require(handle).poll()
 
 
 def synchronize(handle: int) -> Any:
     """Wait for ``handle`` and return its result (raises HorovodInternalError on a failed collective)."""
-    with _lock:
-        h = _handles.pop(handle, None)
+    h = _handles.pop(handle)
     if h is None:
         return None
     return h.wait()

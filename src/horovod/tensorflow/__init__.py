@@ -13,13 +13,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from horovod.common.process_sets import (  # noqa: F401
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.tensorflow import errors
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (  # noqa: F401
@@ -34,10 +29,6 @@ from horovod.tensorflow.graph_hooks import BroadcastGlobalVariablesHook, broadca
 from horovod.tensorflow.mpi_ops import (  # noqa: F401
     Adasum,
     Average,
-    Max,
-    Min,
-    Product,
-    ReduceOp,
     Sum,
     _allreduce,
     _grouped_allreduce,
@@ -49,37 +40,16 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
     alltoall,
     broadcast,
     broadcast_,
-    ccl_built,
     check_num_rank_power_of_2,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
     grouped_allgather,
     handle_average_backwards_compatibility,
-    init,
-    is_homogeneous,
-    is_initialized,
     join,
-    local_rank,
     local_rank_op,
-    local_size,
     local_size_op,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     process_set_included_op,
-    rank,
     rank_op,
-    rocm_built,
-    shutdown,
     size,
     size_op,
-    start_timeline,
-    stop_timeline,
 )
 from horovod.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: F401

@@ -26,35 +26,12 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import types as _types
-from horovod.common.exceptions import HorovodInternalError  # noqa: F401
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum  # noqa: F401
+from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
 from horovod.core import basics, ops
-from horovod.core.basics import (  # noqa: F401  (re-exported)
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovod.core.api import *  # noqa: F403  (the op layer's public names, re-exported as upstream's mpi_ops does)
+from horovod.core.basics import rank, size
 from horovod.tensorflow import errors
 from horovod.tensorflow.graph_call import call as _call
 from horovod.tensorflow.graph_call import collective_chain  # noqa: F401  (re-exported)

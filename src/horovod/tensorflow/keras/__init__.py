@@ -11,41 +11,17 @@ from typing import Optional
 
 from horovod._keras import api as _api
 from horovod._keras import values as _values
-from horovod.common.types import Average, Sum  # noqa: F401
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Average, ReduceOp
+from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compression classes are interchangeable)
     PartialDistributedOptimizer,
-    ProcessSet,
-    ReduceOp,
-    add_process_set,
     allgather,
     broadcast,
     broadcast_global_variables,
     broadcast_variables,
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    global_process_set,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
     load_model,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
     reducescatter,
-    remove_process_set,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
 )
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.keras import callbacks  # noqa: F401

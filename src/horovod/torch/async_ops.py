@@ -1,0 +1,254 @@
+"""``horovod.torch``'s asynchronous collectives: each checks its tensors, hands numpy views of them (or of their
+host copies) to the op layer and returns an integer handle; ``synchronize`` turns the result back into tensors.
+The plain, differentiable forms are in ``horovod.torch.autograd_ops``."""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from horovod.common import types as _types
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.types import Adasum, Average, ReduceOp, Sum
+from horovod.common.util import get_average_backwards_compatibility_fun
+from horovod.core import ops
+from horovod.core.basics import size
+from horovod.core.engine.handles import Handle
+from horovod.torch.handles import Pending, handle_map, synchronize
+from horovod.torch.tensors import (
+    MOVE_DTYPES,
+    REDUCE_DTYPES,
+    check_tensor,
+    numpy_view,
+    to_device_of,
+    to_host,
+    torch_allocator,
+)
+
+__all__ = ["allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+           "sparse_allreduce_async", "allgather_async", "grouped_allgather_async", "broadcast_async",
+           "broadcast_async_", "alltoall_async", "reducescatter_async", "grouped_reducescatter_async"]
+
+handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
+
+
+def _name(op: str, name: Optional[str]) -> str:
+    return ops.tensor_name(op, name)
+
+
+def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: ReduceOp,
+                     prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> int:
+    check_tensor(tensor, REDUCE_DTYPES, "allreduce")
+    if op == Adasum:
+        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
+    host_in = to_host(tensor)
+    host_out = host_in if output is tensor else to_host(output)
+    array_in = numpy_view(host_in)
+    array_out = array_in if host_out is host_in else numpy_view(host_out)
+    handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name), op, prescale_factor,
+                                 postscale_factor, process_set)
+
+    def finish(_):
+        if output.device.type != "cpu":
+            output.copy_(host_out)
+        return output
+
+    return handle_map.add(Pending(handle, finish, (tensor, output, host_in, host_out)))
+
+
+def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                    op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start an allreduce of ``tensor`` into a new tensor; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
+                     op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place allreduce of ``tensor``; returns a handle."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name, op,
+                             prescale_factor, postscale_factor, process_set) -> int:
+    tensors, outputs = list(tensors), list(outputs)
+    for t in tensors:
+        check_tensor(t, REDUCE_DTYPES, "grouped_allreduce")
+    host_in = [to_host(t) for t in tensors]
+    host_out = [hi if o is t else to_host(o) for t, o, hi in zip(tensors, outputs, host_in)]
+    handle = ops.grouped_allreduce_async([numpy_view(t) for t in host_in], [numpy_view(o) for o in host_out],
+                                         _name("grouped_allreduce", name), op, prescale_factor, postscale_factor,
+                                         process_set)
+
+    def finish(_):
+        for out, ho in zip(outputs, host_out):
+            if out.device.type != "cpu":
+                out.copy_(ho)
+        return outputs
+
+    return handle_map.add(Pending(handle, finish, (tensors, outputs, host_in, host_out)))
+
+
+def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                            name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start an allreduce of a list of tensors, negotiated and fused as one unit."""
+    op = handle_average_backwards_compatibility(op, average)
+    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
+                             name: Optional[str] = None, op: Optional[ReduceOp] = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place grouped allreduce."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
+                           process_set: ProcessSet = global_process_set) -> Callable[[], torch.Tensor]:
+    """Allreduce a sparse COO tensor as two allgathers (indices and values); returns a callable giving the result.
+
+    The result holds every rank's entries (duplicate indices are summed when it is coalesced or used); Average
+    divides the values by the number of ranks. Only Sum and Average are defined for this scheme.
+    """
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"sparse_allreduce_async supports op=Average and op=Sum, not "
+                                  f"op={op.name.capitalize()}; use sparse_as_dense=True for other reductions.")
+    t = tensor.coalesce()
+    h_idx = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    h_val = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+
+    def result() -> torch.Tensor:
+        values = synchronize(h_val)
+        indices = synchronize(h_idx)
+        if op == Average:
+            values = values / process_set_size(process_set)
+        return torch.sparse_coo_tensor(indices.t(), values, size=t.size(), check_invariants=False)
+
+    return result
+
+
+def process_set_size(process_set: ProcessSet) -> int:
+    return size() if process_set is None or process_set.process_set_id in (0, None) else process_set.size()
+
+
+def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather along dim 0 (dim 0 may differ between ranks)."""
+    check_tensor(tensor, MOVE_DTYPES, "allgather")
+    host = to_host(tensor)
+    made: List[torch.Tensor] = []
+    handle = ops.allgather_async(numpy_view(host), _name("allgather", name), torch_allocator(tensor.dtype, made), process_set)
+    return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
+
+
+def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str,
+                        start: Callable[[List[np.ndarray], List[Callable]], Handle]) -> int:
+    """A grouped op whose outputs are sized by negotiation: one new torch output per tensor, in order."""
+    tensors = list(tensors)
+    for t in tensors:
+        check_tensor(t, allowed, what)
+    hosts = [to_host(t) for t in tensors]
+    made: List[Optional[torch.Tensor]] = []
+    allocators = [torch_allocator(t.dtype, made, i) for i, t in enumerate(tensors)]
+    handle = start([numpy_view(h) for h in hosts], allocators)
+    return handle_map.add(Pending(handle, lambda _: [to_device_of(m, t) for m, t in zip(made, tensors)],
+                                 (tensors, hosts, made)))
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather of each tensor of a list, as one unit."""
+    return _grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators:
+                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name), allocators,
+                                                           process_set))
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
+    check_tensor(tensor, MOVE_DTYPES, "broadcast")
+    host_in = to_host(tensor)
+    host_out = host_in if output is tensor else to_host(output)
+    handle = ops.broadcast_async(numpy_view(host_in), root_rank, numpy_view(host_out), _name("broadcast", name), process_set)
+
+    def finish(_):
+        if output.device.type != "cpu":
+            output.copy_(host_out)
+        return output
+
+    return handle_map.add(Pending(handle, finish, (tensor, output, host_in, host_out)))
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> int:
+    """Start a broadcast of ``root_rank``'s tensor (a global rank) into a new tensor."""
+    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), root_rank,
+                            name, process_set)
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> int:
+    """Start an in-place broadcast."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> int:
+    """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``, with splits or without (upstream)."""
+    check_tensor(tensor, MOVE_DTYPES, "alltoall")
+    host = to_host(tensor)
+    split_list = None
+    if splits is not None:
+        split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
+    made: List[torch.Tensor] = []
+    handle = ops.alltoall_async(numpy_view(host), split_list, _name("alltoall", name), torch_allocator(tensor.dtype, made),
+                                process_set)
+
+    def finish(result):
+        _, received = result
+        return to_device_of(made[0], tensor), torch.from_numpy(np.asarray(received, np.int32))
+
+    return handle_map.add(Pending(handle, finish, (tensor, host, made)))
+
+
+def _check_reducescatter_op(op: ReduceOp) -> ReduceOp:
+    """Sum or Average; anything else is upstream's RuntimeError ("Reducescatter currently only supports ...")."""
+    op = ReduceOp(op)
+    if op not in (Sum, Average):
+        raise RuntimeError(f"reducescatter supports op=Sum and op=Average, not op={op.name.capitalize()}; "
+                           "use an allreduce for other reductions.")
+    return op
+
+
+def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: ReduceOp = Average,
+                        process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter (Sum or Average); ranks < n % size get one extra row."""
+    check_tensor(tensor, REDUCE_DTYPES, "reducescatter")               # as upstream: the tensor first, then the op
+    op = _check_reducescatter_op(op)
+    host = to_host(tensor)
+    made: List[torch.Tensor] = []
+    handle = ops.reducescatter_async(numpy_view(host), _name("reducescatter", name), op, prescale_factor, postscale_factor,
+                                     torch_allocator(tensor.dtype, made), process_set)
+    return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None, op: ReduceOp = Average,
+                                process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of each tensor of a list, as one unit."""
+    def start(arrays, allocators):            # runs after the tensors are checked (upstream's order of errors)
+        checked = _check_reducescatter_op(op)
+        return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name), checked,
+                                               prescale_factor, postscale_factor, allocators, process_set)
+
+    return _grouped_allocating(tensors, REDUCE_DTYPES, "grouped_reducescatter", start)
