@@ -1,5 +1,6 @@
-"""Framework-free rules shared by the gradient-reducing wrappers (TF tape, Keras optimizers): how gradients are
-split into grouped allreduces, and how ``gradient_predivide_factor`` turns into pre/post scale factors."""
+"""Framework-free rules shared by the gradient-reducing wrappers (TF tape, Keras optimizers, torch's
+``DistributedOptimizer``): how gradients are split into grouped allreduces, and how ``gradient_predivide_factor``
+turns into pre/post scale factors."""
 from __future__ import annotations
 
 from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
@@ -20,6 +21,12 @@ def check_groups(groups: Groups, num_groups: int = 0) -> Groups:
     return groups
 
 
+def check_predivide(op: ReduceOp, gradient_predivide_factor: float) -> None:
+    """Upstream's ValueError for a ``gradient_predivide_factor`` with an op other than Average."""
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+
+
 def scale_factors(op: ReduceOp, gradient_predivide_factor: float) -> Tuple[float, float]:
     """(prescale, postscale) for a gradient allreduce: Average divides by ``gradient_predivide_factor`` before the
     sum and multiplies it back after (the engine's Average then divides by the size)."""
@@ -27,8 +34,7 @@ def scale_factors(op: ReduceOp, gradient_predivide_factor: float) -> Tuple[float
     if op == Adasum:
         raise NotImplementedError("The Adasum reduction is not available in this release yet; "
                                   "use op=hvd.Average or op=hvd.Sum.")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    check_predivide(op, gradient_predivide_factor)
     if op == Average:
         return 1.0 / gradient_predivide_factor, gradient_predivide_factor
     return 1.0, 1.0
@@ -52,6 +58,35 @@ def split_into_groups(indices: List[int], variables: Optional[Sequence[object]],
             parts.setdefault(group_of.get(key(variables[i]), -1 - i), []).append(i)
         return list(parts.values())
     return [list(indices)]
+
+
+def fixed_groups(groups: Groups, variables: Sequence[object], member_type: type) -> Optional[List[List[object]]]:
+    """The groups of a wrapper that must know them before any gradient exists (torch's ``DistributedOptimizer``
+    starts a group's allreduce from a hook as soon as its last member's gradient is ready).
+
+    ``groups`` None/0: no groups (every gradient alone). An int: that many contiguous groups of ``variables``
+    (as :func:`split_into_groups`). Lists of variables: those lists, in their order, after checking that each
+    member is a ``member_type`` and none is in two groups; variables in no list are reduced alone.
+    """
+    if groups is None or groups == 0:
+        return None
+    if isinstance(groups, int):
+        if groups < 0:
+            raise ValueError("groups must be a non-negative integer or a list of lists of parameters")
+        positions = split_into_groups(list(range(len(variables))), variables, groups)
+        return [[variables[i] for i in part] for part in positions]
+    out, seen = [], set()
+    for group in groups:
+        group = list(group)
+        for v in group:
+            if not isinstance(v, member_type):
+                raise ValueError(f"groups must be a list of lists of {member_type.__module__}."
+                                 f"{member_type.__name__} (parameters)")
+            if id(v) in seen:
+                raise ValueError("a parameter appears in more than one group")
+            seen.add(id(v))
+        out.append(group)
+    return out
 
 
 def allreduce_in_groups(out: List[Any], indices: List[int], variables: Optional[Sequence[object]], groups: Groups,

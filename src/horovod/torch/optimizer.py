@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import warnings
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from horovod.common import config
+from horovod.common.gradient_groups import check_predivide, fixed_groups, scale_factors
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.util import split_list
 from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
     Adasum,
@@ -68,10 +68,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._groups = self._build_groups(groups, all_params)
+        self._groups = fixed_groups(groups, [p for p in all_params if p.requires_grad], torch.Tensor)
         self._group_of = {p: i for i, group in enumerate(self._groups or []) for p in group}
         self._group_ready: Dict[int, set] = {}
-        if process_set.included() and (size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"):
+        if process_set.included() and (size() > 1 or config.get("HOROVOD_ELASTIC")):
             self._register_hooks()
 
     # ----------------------------------------------------------------- set-up
@@ -84,27 +84,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 duplicates.add(element)
             seen.add(element)
         return duplicates
-
-    def _build_groups(self, groups, all_params) -> Optional[List[List[torch.Tensor]]]:
-        if groups is None or groups == 0:
-            return None
-        trainable = [p for p in all_params if p.requires_grad]
-        if isinstance(groups, int):
-            if groups < 0:
-                raise ValueError("groups must be a non-negative integer or a list of lists of parameters")
-            return [g for g in split_list(trainable, groups) if g]
-        out = []
-        seen = set()
-        for group in groups:
-            group = list(group)
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must be a list of lists of torch.Tensor (parameters)")
-                if id(p) in seen:
-                    raise ValueError("a parameter appears in more than one group")
-                seen.add(id(p))
-            out.append(group)
-        return out
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before gradients are allreduced."""
@@ -123,9 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ----------------------------------------------------------------- allreduce
     def _scale_factors(self) -> Tuple[float, float]:
-        if self.op == Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
+        return scale_factors(self.op, self.gradient_predivide_factor)
 
     def _allreduce_grad_async(self, p: torch.Tensor):
         if p.grad is None:
@@ -300,8 +277,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     sparse=True)``) are allreduced as an allgather of their indices and values; ``sparse_as_dense=True``
     allreduces their dense form instead, and either way the optimizer steps on a sparse gradient.
     """
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    check_predivide(op, gradient_predivide_factor)       # upstream's order: this ValueError before Adasum's
     if op == Adasum:
         raise NotImplementedError("DistributedOptimizer with op=Adasum is not available in this release yet; "
                                   "use op=Average.")
