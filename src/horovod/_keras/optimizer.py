@@ -52,6 +52,43 @@ def _check_op(op: ReduceOp) -> ReduceOp:
     return op
 
 
+def _add_aggregation_state(optimizer: Any, variables: List[Any]) -> None:
+    """The counter and the per-variable sums of ``backward_passes_per_step > 1``. Untracked
+    (``object.__setattr__``): not part of ``optimizer.variables``, so checkpoints keep the wrapped optimizer's
+    format and load with any ``backward_passes_per_step``."""
+    counter = keras.Variable(0, dtype="int32", trainable=False, name="hvd_aggregation_counter")
+    slots = [keras.Variable(keras.ops.zeros(v.shape, dtype=v.dtype), trainable=False,
+                            name=f"hvd_aggregated_{i}") for i, v in enumerate(variables)]
+    object.__setattr__(optimizer, "_hvd_counter", counter)
+    object.__setattr__(optimizer, "_hvd_aggregated", tuple(slots))
+
+
+def _reduce_gradients(s: _Settings, grads: List[Any], variables: Optional[List[Any]]) -> List[Any]:
+    """The gradients as the optimizer applies them: allreduced in groups (dense), allgathered (sparse, unless
+    ``sparse_as_dense``), or kept local (``local_ids``, scaled by the set size when ``scale_local_gradients``)."""
+    if not s.process_set.included():
+        return grads
+    out = list(grads)
+    world = s.process_set.size()
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if variables is not None and id(variables[i]) in s.local_ids:
+            out[i] = g / world if s.scale_local_gradients and world > 1 else g
+        elif backend_ops.is_sparse(g) and not s.sparse_as_dense:
+            if world > 1:
+                out[i] = backend_ops.sparse_allreduce(g, f"{s.name}.sparse.{i}", s.op, s.process_set)
+        else:
+            out[i] = backend_ops.to_dense(g)
+            dense.append(i)
+    if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
+        return out
+    allreduce_in_groups(out, dense, variables, s.groups, s.compression, lambda tensors, name: (
+        backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set)), s.name)
+    return out
+
+
 def _distributed_class(base: type, settings: _Settings) -> type:
     """A subclass of ``base`` whose ``apply`` reduces the gradients across ranks first."""
 
@@ -70,13 +107,7 @@ def _distributed_class(base: type, settings: _Settings) -> type:
         def build(self, variables):
             super().build(variables)
             if self._hvd.backward_passes_per_step > 1:
-                # Untracked (object.__setattr__): not part of optimizer.variables, so checkpoints keep the
-                # wrapped optimizer's format and load with any backward_passes_per_step.
-                counter = keras.Variable(0, dtype="int32", trainable=False, name="hvd_aggregation_counter")
-                slots = [keras.Variable(keras.ops.zeros(v.shape, dtype=v.dtype), trainable=False,
-                                        name=f"hvd_aggregated_{i}") for i, v in enumerate(variables)]
-                object.__setattr__(self, "_hvd_counter", counter)
-                object.__setattr__(self, "_hvd_aggregated", tuple(slots))
+                _add_aggregation_state(self, variables)
 
         def apply(self, grads, trainable_variables=None):
             grads = list(grads)
@@ -124,28 +155,7 @@ def _distributed_class(base: type, settings: _Settings) -> type:
             keras.ops.cond(keras.ops.greater_equal(self._hvd_counter, n), update, skip)
 
         def _hvd_reduce(self, grads: List[Any], variables: Optional[List[Any]]) -> List[Any]:
-            s = self._hvd
-            if not s.process_set.included():
-                return grads
-            out = list(grads)
-            world = s.process_set.size()
-            dense = []
-            for i, g in enumerate(grads):
-                if g is None:
-                    continue
-                if variables is not None and id(variables[i]) in s.local_ids:
-                    out[i] = g / world if s.scale_local_gradients and world > 1 else g
-                elif backend_ops.is_sparse(g) and not s.sparse_as_dense:
-                    if world > 1:
-                        out[i] = backend_ops.sparse_allreduce(g, f"{s.name}.sparse.{i}", s.op, s.process_set)
-                else:
-                    out[i] = backend_ops.to_dense(g)
-                    dense.append(i)
-            if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
-                return out
-            allreduce_in_groups(out, dense, variables, s.groups, s.compression, lambda tensors, name: (
-                backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set)), s.name)
-            return out
+            return _reduce_gradients(self._hvd, grads, variables)
 
     _DistributedOptimizer.__name__ = base.__name__
     _DistributedOptimizer.__qualname__ = base.__qualname__
