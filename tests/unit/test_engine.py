@@ -16,6 +16,7 @@ from horovod.core.controller.messages import BATCH, TensorResponse, make_request
 from horovod.core.engine import Engine, Entry
 from horovod.core.engine.handles import Handle, several_threads
 from horovod.core.engine.settings import EngineSettings
+from horovod.core.engine.state import EngineState
 
 
 class FailingBackend(LocalBackend):
@@ -85,6 +86,47 @@ def test_a_data_plane_failure_fails_the_handle_instead_of_hanging():
         assert not engine.alive
     finally:
         engine.shutdown()
+
+
+class RecordingStates(LocalBackend):
+    """Notes the engine's state while a collective runs, and fails it."""
+
+    def __init__(self):
+        super().__init__()
+        self.engine = None
+
+    def allreduce_buffer(self, buf, op):
+        raise RuntimeError(f"failed while {self.engine.state.name}")
+
+
+def test_the_state_moves_forward_running_aborting_stopped_with_the_reason():
+    backend = RecordingStates()
+    engine = make_engine(backend)
+    backend.engine = engine
+    told = []
+    engine.control.send_abort = lambda reason: told.append((engine.state, reason))    # the peers are told ...
+    try:
+        assert engine.state is EngineState.RUNNING and not engine.stopping
+        with pytest.raises(HorovodInternalError, match="failed while RUNNING"):
+            submit(engine, "boom", np.ones(3, np.float32)).wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while engine.state is not EngineState.STOPPED and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert engine.state is EngineState.STOPPED and "failed while RUNNING" in str(engine.error)
+        assert len(told) == 1 and told[0][0] is EngineState.ABORTING      # ... while the engine is ABORTING
+        assert "failed while RUNNING" in told[0][1]
+        engine.shutdown()                               # a shutdown after an abort does not move it back
+        assert engine.state is EngineState.STOPPED and "failed while RUNNING" in str(engine.error)
+    finally:
+        engine.shutdown()
+
+
+def test_a_shutdown_goes_through_stopping_to_stopped():
+    engine = make_engine()
+    submit(engine, "ok", np.ones(3, np.float32)).wait(timeout=5)
+    engine.shutdown()
+    assert engine.state is EngineState.STOPPED and not engine.alive
+    assert "shut down" in str(engine.error).lower()
 
 
 def test_shutdown_fails_what_is_still_in_flight():

@@ -208,10 +208,13 @@ class Engine:
             else:
                 loops.worker_loop(self)
         except PeerLostError as exc:
+            self._aborting()
             self._abort(self.control.root_cause(str(exc)))
         except HorovodInternalError as exc:
+            self._aborting()
             self._abort(str(exc))
         except Exception as exc:
+            self._aborting()
             log.exception("rank %d: the Horovod engine failed", self.rank)
             self._abort(f"Horovod background thread failed on rank {self.rank}: {type(exc).__name__}: {exc}")
         finally:
@@ -366,6 +369,11 @@ class Engine:
             self.queue.clear()
         for entry in entries:
             entry.handle.set_error(HorovodInternalError(str(error)))
+
+    def _aborting(self) -> None:
+        with self.lock:
+            if self.state is not EngineState.STOPPED:
+                self.state = EngineState.ABORTING
 
     def _abort(self, reason: str) -> None:
         log.error("rank %d: %s", self.rank, reason)
