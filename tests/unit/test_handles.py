@@ -82,6 +82,20 @@ def test_first_error_wins_and_later_results_are_ignored():
         h.wait()
 
 
+def test_a_failed_part_completes_the_handle_only_when_every_part_finished():
+    """A group whose one member failed (a mismatch) and whose other member is still running: the caller must not
+    wake before the other member is done, or resubmitting the group under the same names finds it in flight."""
+    h = Handle("g", parts=2)
+    h.set_error(HorovodInternalError("mismatch in part 1"))
+    assert not h.poll()
+    with pytest.raises(TimeoutError):
+        h.wait(timeout=0.01)
+    h.set_result(0, "a")
+    assert h.poll()
+    with pytest.raises(HorovodInternalError, match="mismatch in part 1"):
+        h.wait()
+
+
 def test_an_error_after_completion_is_ignored():
     h = Handle("t")
     h.set_result(0, 5)

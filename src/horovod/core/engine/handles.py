@@ -65,17 +65,23 @@ class Handle:
         if self._remaining <= 0:
             return
         self._results[index] = value
+        self._part_done()
+
+    def set_error(self, error: BaseException) -> None:
+        """One part failed. The handle fails with the first error, once every part has finished: the engine
+        completes every part of a handle (the coordinator emits a group's parts in one response list, and an abort
+        fails everything left), and a program that resubmits under the same names after the error must not find
+        a part still in flight."""
+        if self._remaining <= 0:
+            return
+        if self._error is None:
+            self._error = error
+        self._part_done()
+
+    def _part_done(self) -> None:
         self._remaining -= 1
         if self._remaining == 0:
             self._lock.release()
-
-    def set_error(self, error: BaseException) -> None:
-        """Fail the handle (first error wins)."""
-        if self._remaining <= 0:
-            return
-        self._error = error
-        self._remaining = 0
-        self._lock.release()
 
     def poll(self) -> bool:
         """True once the operation finished (successfully or not)."""
