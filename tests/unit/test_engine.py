@@ -251,3 +251,19 @@ def test_a_zero_timeout_only_polls(worker):
     with pytest.raises(TimeoutError):
         handle.wait(timeout=0)
     assert [m[0] for m in received(coord, 0.3)] == ["R"]
+
+
+def test_hooks_list_each_observer_only_under_the_hooks_it_implements():
+    """An observer that only inspects (rank 0's stall inspector) must not put every batch on the observed path."""
+    from horovod.core.engine.observer import EngineObserver, Hooks
+    from horovod.core.observers.stall_inspector import StallObserver
+    from horovod.core.observers.timeline import TimelineObserver
+
+    stall = StallObserver(None, None)
+    timeline = TimelineObserver.__new__(TimelineObserver)
+    plain = EngineObserver()
+    hooks = Hooks.of([stall, timeline, plain])
+    assert hooks.all == (stall, timeline, plain)
+    assert hooks.inspect == (stall,)
+    assert hooks.batch == hooks.cycle == hooks.error == (timeline,)
+    assert hooks.propose == ()

@@ -12,7 +12,16 @@ import logging
 import threading
 from typing import List, Optional, Sequence
 
-from horovod.common import build, config, logging_setup, mpi_context, topology, wire
+from horovod.common import config, logging_setup, mpi_context, topology, wire
+from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstream's)
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    mpi_built,
+    nccl_built,
+    rocm_built,
+)
 from horovod.common.exceptions import not_initialized
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core.controller.fusion import aligned_threshold
@@ -300,7 +309,7 @@ def data_plane() -> str:
     return _state.backend_reason
 
 
-# ------------------------------------------------------------------ build probes (see common/build.py)
+# ------------------------------------------------------------------ what is enabled (what is built: common/build.py)
 
 
 def mpi_enabled() -> bool:
@@ -321,12 +330,3 @@ def mpi_threads_supported() -> bool:
 def gloo_enabled() -> bool:
     """True when the job started through horovodrun's rendezvous (upstream's Gloo controller), not MPI."""
     return is_initialized() and _state.mpi is None
-
-
-mpi_built = build.mpi_built
-gloo_built = build.gloo_built
-nccl_built = build.nccl_built
-ddl_built = build.ddl_built
-ccl_built = build.ccl_built
-cuda_built = build.cuda_built
-rocm_built = build.rocm_built

@@ -25,7 +25,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Type, TypeVar
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from horovod.core.engine import loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
-from horovod.core.engine.observer import EngineObserver
+from horovod.core.engine.observer import EngineObserver, Hooks
 from horovod.core.engine.settings import EngineSettings
 from horovod.core.engine.state import EngineState
 from horovod.core.engine.waits import WaitNotices
@@ -53,6 +53,7 @@ DUPLICATE_NAME_MESSAGE = (
     "first one to finish."
 )
 SHUTDOWN_WAIT_SECONDS = loops.SHUTDOWN_WAIT_SECONDS
+ObserverT = TypeVar("ObserverT", bound=EngineObserver)
 
 
 class Entry:
@@ -87,7 +88,6 @@ class Engine:
         self.settings = settings = settings if settings is not None else EngineSettings()
         self.control = ControlChannel(rank, control, settings.hosts, size)
         self.cache = ResponseCache(settings.cache_capacity)
-        self.cycle_s = max(0.0, settings.cycle_time_ms) / 1000.0
         self.hold_s = settings.hold_seconds()
         self.coordinator = (Coordinator(size, self.cache, settings.fusion_threshold, settings.disable_group_fusion)
                             if rank == 0 else None)
@@ -103,7 +103,7 @@ class Engine:
         self._wake_r.setblocking(False)
         self.state = EngineState.RUNNING
         self.error: Optional[HorovodInternalError] = None     # why it stopped, once STOPPED
-        self.observers: Tuple[EngineObserver, ...] = ()
+        self.hooks = Hooks()
         for observer in observers:
             self.add_observer(observer)
         self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
@@ -117,16 +117,29 @@ class Engine:
     def alive(self) -> bool:
         return self.state is not EngineState.STOPPED and self._thread.is_alive()
 
+    @property
+    def observers(self) -> Sequence[EngineObserver]:
+        return self.hooks.all
+
+    @property
+    def cycle_s(self) -> float:
+        """The negotiation cycle time in seconds (the autotuner may change it)."""
+        return max(0.0, self.settings.cycle_time_ms) / 1000.0
+
     def add_observer(self, observer: EngineObserver) -> None:
         """Have ``observer`` watch this engine from its next step on (any thread)."""
         observer.attach(self.coordinator)
-        self.observers = (*self.observers, observer)   # replaced, never mutated: the engine thread iterates it
+        self.hooks = Hooks.of((*self.hooks.all, observer))
 
     def remove_observer(self, observer: EngineObserver) -> None:
         """Stop ``observer`` watching (a no-op when it does not); the caller closes it."""
-        if observer in self.observers:
-            self.observers = tuple(o for o in self.observers if o is not observer)
+        if observer in self.hooks.all:
+            self.hooks = Hooks.of(o for o in self.hooks.all if o is not observer)
             observer.detach(self.coordinator)
+
+    def find_observer(self, kind: Type[ObserverT]) -> Optional[ObserverT]:
+        """The first observer of class ``kind`` watching this engine, if any."""
+        return next((o for o in self.hooks.all if isinstance(o, kind)), None)
 
     def enqueue(self, entries: List[Entry]) -> None:
         """Submit entries (all or none); ValueError for a name already in flight on this rank."""
@@ -273,7 +286,6 @@ class Engine:
         settings = self.settings
         if "cycle_time_ms" in params:
             settings.cycle_time_ms = float(params["cycle_time_ms"])
-            self.cycle_s = max(0.0, settings.cycle_time_ms) / 1000.0
             self.hold_s = settings.hold_seconds()
         if "fusion_threshold" in params and self.coordinator is not None:
             self.coordinator.fusion_threshold = settings.align_threshold(int(params["fusion_threshold"]))
@@ -315,7 +327,7 @@ class Engine:
 
     def _fail_names(self, names: List[str], message: str) -> None:
         """The coordinator failed these tensors (their requests disagree across ranks, for example)."""
-        for observer in self.observers:
+        for observer in self.hooks.error:
             observer.on_error(names, message)
         for name in names:
             entry = self._pop(name)
@@ -329,7 +341,7 @@ class Engine:
     def _execute(self, batch: List[TensorResponse]) -> None:
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
-        observers = self.observers
+        observers = self.hooks.batch
         try:
             if not observers:
                 run_batch(self, batch, entries)
@@ -345,7 +357,7 @@ class Engine:
                     entry.handle.set_error(error)
             raise
 
-    def _run_observed(self, observers: Tuple[EngineObserver, ...], batch: List[TensorResponse],
+    def _run_observed(self, observers: Sequence[EngineObserver], batch: List[TensorResponse],
                       entries: List[Optional[Entry]]) -> None:
         """Run a batch between the observers' start and end hooks."""
         names = [r.name for r in batch]
@@ -381,7 +393,7 @@ class Engine:
         self.fail_all(HorovodInternalError(reason))
 
     def _close(self) -> None:
-        for observer in self.observers:
+        for observer in self.hooks.all:
             try:
                 observer.close()
             except Exception:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import logging
 import selectors
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from horovod.backends.comm import PeerLostError
 from horovod.common import wire
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.core.controller.messages import PARAMS
+from horovod.core.engine.observer import EngineObserver
 
 if TYPE_CHECKING:
     from horovod.core.engine.engine import Engine
@@ -102,8 +103,8 @@ def _from_worker(engine: Engine, peer: int, msg: list) -> None:
 
 def _emit(engine: Engine) -> None:
     """Emit what is ready to every worker and execute it here; then let the observers propose new tunables."""
-    observers = engine.observers
-    for observer in observers:
+    hooks = engine.hooks
+    for observer in hooks.cycle:
         observer.on_cycle()
     items = engine.coordinator.take_ready()
     if not items:
@@ -111,11 +112,11 @@ def _emit(engine: Engine) -> None:
     engine.control.broadcast(["L", items])
     engine.apply(items)
     engine.active()
-    if observers:
-        _tune(engine, observers)
+    if hooks.propose:
+        _tune(engine, hooks.propose)
 
 
-def _tune(engine: Engine, observers) -> None:
+def _tune(engine: Engine, observers: Sequence[EngineObserver]) -> None:
     """Feed the observers what just ran; new tunables they propose are applied by every rank next."""
     now = time.monotonic()
     for observer in observers:
@@ -133,22 +134,20 @@ def _inspect(engine: Engine) -> Optional[float]:
     """Let the observers look at tensors submitted by only part of the ranks (the stall inspector and deadlock
     detector do); seconds until one wants to look again. A shutdown by one raises, which ends the job on every
     rank."""
-    observers, coord = engine.observers, engine.coordinator
+    observers, coord = engine.hooks.inspect, engine.coordinator
     if not observers or not coord.has_partial():
         return None
     now = time.monotonic()
     due = None
+
+    def report(message: str) -> None:
+        engine.control.broadcast(["D", message], best_effort=True)     # every rank logs the report
+
     for observer in observers:
-        wanted = observer.inspect(coord, now, _report_to_all(engine))
+        wanted = observer.inspect(coord, now, report)
         if wanted is not None:
             due = wanted if due is None else min(due, wanted)
     return None if due is None else max(min(due, IDLE_WAKE_SECONDS), 1e-3)
-
-
-def _report_to_all(engine: Engine):
-    def report(message: str) -> None:
-        engine.control.broadcast(["D", message], best_effort=True)     # every rank logs the report
-    return report
 
 
 # --------------------------------------------------------------------------------------------- workers

@@ -53,7 +53,7 @@ class TimelineObserver(EngineObserver):
 
 def recording(engine: Engine) -> Optional[TimelineObserver]:
     """The timeline ``engine`` records to, if any."""
-    return next((o for o in engine.observers if isinstance(o, TimelineObserver)), None)
+    return engine.find_observer(TimelineObserver)
 
 
 def start_timeline(engine: Engine, path: str, mark_cycles: bool = False) -> None:

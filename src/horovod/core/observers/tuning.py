@@ -37,4 +37,4 @@ class AutotuneObserver(EngineObserver):
 
 def tuning(engine) -> Optional[AutotuneObserver]:
     """The autotuner still tuning ``engine`` (rank 0), if any."""
-    return next((o for o in engine.observers if isinstance(o, AutotuneObserver)), None)
+    return engine.find_observer(AutotuneObserver)
