@@ -24,6 +24,14 @@ def step(prefix: str) -> None:
     hvd.broadcast(np.arange(4, dtype=np.float64), root_rank=0, name=f"{prefix}.bcast")
 
 
+def stopped(prefix: str) -> None:
+    """Hold every rank until rank 0 has stopped recording. Without it, another rank could finish the last step
+    before rank 0's user thread calls stop_timeline() and submit its next tensors, whose negotiation rank 0's
+    coordinator would then rightly record into the file being stopped. This collective itself may or may not
+    be recorded (it is named for the recording it ends)."""
+    hvd.allreduce(np.zeros(1, np.float32), name=f"{prefix}.stopped")
+
+
 if mode == "static":
     for i in range(6):
         step("train")
@@ -38,10 +46,12 @@ else:
     hvd.start_timeline(sys.argv[2])
     step("first")
     hvd.stop_timeline()
+    stopped("first")
     step("between")
     hvd.start_timeline(sys.argv[3], mark_cycles=True)
     step("second")
     hvd.stop_timeline()
+    stopped("second")
     step("after")
 print("DONE", flush=True)
 hvd.shutdown()
