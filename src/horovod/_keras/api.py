@@ -7,8 +7,8 @@ from typing import Any, Iterable, Optional
 from horovod._keras import values
 from horovod._keras.flavor import is_tf_keras
 from horovod._keras.optimizer import create_distributed_optimizer
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 
 def distributed_optimizer(optimizer: Any, name: Optional[str] = None, device_dense: str = "",

@@ -13,9 +13,9 @@ from typing import Any, List, Sequence
 import keras
 import numpy as np
 
-from horovod.common.process_sets import ProcessSet
 from horovod.common.types import ReduceOp
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet
 
 
 def backend() -> str:

@@ -14,8 +14,8 @@ import numpy as np
 
 from horovod._keras import values
 from horovod._keras.flavor import is_tf_keras
-from horovod.common.process_sets import global_process_set
 from horovod.core import basics, ops
+from horovod.core.process_sets import global_process_set
 
 _TRAIN_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
 

@@ -23,8 +23,8 @@ import keras
 
 from horovod._keras import backend_ops
 from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_groups, scale_factors
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp, Sum
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 
 @dataclass

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 
 import horovod.numpy as hvd_np
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 
 def _array(value: Any) -> np.ndarray:

@@ -5,29 +5,31 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from typing import Optional, Tuple
+from typing import Tuple, Union
 
 from horovod.backends.base import Backend
 from horovod.backends.comm import Comm
 from horovod.backends.hierarchical import HierarchicalBackend
 from horovod.backends.local import LocalBackend
-from horovod.backends.mesh import Mesh
+from horovod.backends.mesh import Generation, Mesh
 from horovod.backends.mpi import MPIBackend
 from horovod.backends.routed import RoutedBackend
 from horovod.backends.shm import ShmBackend
 from horovod.backends.tcp import TcpBackend
 from horovod.common import config
-from horovod.common.mpi_context import MPIContext
+from horovod.common.mpi_context import MPIContext, SubsetMPI
 
 log = logging.getLogger(__name__)
 
 CHOICES = ("", "SHM", "TCP", "GLOO", "MPI", "AUTO")
 
 
-def make_backend(mesh: Mesh, job: str, generation: int, mpi: Optional[MPIContext] = None) -> Tuple[Backend, str]:
+def make_backend(mesh: Mesh, job: str, generation: Generation,
+                 mpi: Union[MPIContext, SubsetMPI, None] = None) -> Tuple[Backend, str]:
     """The backend for this rank and a sentence saying why it was chosen.
 
-    ``mpi`` is the job's MPI context when it started on MPI (mpirun, ``horovodrun --mpi``, ``init(comm=...)``).
+    ``mpi`` is the job's MPI context when it started on MPI (mpirun, ``horovodrun --mpi``, ``init(comm=...)``),
+    or a process set's part of it (``mesh`` is then the set's own).
     """
     size, rank = mesh.size, mesh.rank
     if size == 1:
@@ -108,14 +110,14 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _no_threads_reason(mpi: MPIContext) -> str:
+def _no_threads_reason(mpi: Union[MPIContext, SubsetMPI]) -> str:
     if config.get("HOROVOD_MPI_THREADS_DISABLE"):
         return "HOROVOD_MPI_THREADS_DISABLE=1 (Horovod's engine thread may not call MPI then)"
     return (f"MPI was initialized without MPI_THREAD_MULTIPLE (with {mpi.thread_level_name}), so Horovod's engine "
             "thread may not call MPI beside the program's own calls")
 
 
-def _check_mpi_usable(mpi: Optional[MPIContext]) -> None:
+def _check_mpi_usable(mpi: Union[MPIContext, SubsetMPI, None]) -> None:
     if mpi is None:
         raise ValueError("HOROVOD_CPU_OPERATIONS=mpi needs the job to start on MPI: launch it with "
                          "`horovodrun --mpi ...` or `mpirun ...`, or pass hvd.init(comm=...). Or unset the "

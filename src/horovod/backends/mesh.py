@@ -14,7 +14,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import psutil
 
@@ -80,6 +80,8 @@ def _connect(info: dict, same_host: bool, key: bytes, hello: bytes, deadline: fl
 
 
 Publish = Callable[[dict, float], List[dict]]
+# Which connection round this is: init's number, or "<init's number>.ps<id>" for a process set's own mesh.
+Generation = Union[int, str]
 
 
 def kv_publish(kv: KVStoreClient, generation: int, timeout: float) -> Publish:
@@ -129,7 +131,7 @@ def _listen(bind_addr: str, uds_name: str, size: int) -> List[socket.socket]:
     return [tcp, uds]
 
 
-def _greet(conn: socket.socket, key: bytes, generation: int, size: int) -> Tuple[str, int]:
+def _greet(conn: socket.socket, key: bytes, generation: Generation, size: int) -> Tuple[str, int]:
     """Authenticate an accepted connection: its purpose (``data``/``ctrl``) and its peer's rank. Raises
     AuthenticationError, OSError, ValueError or TypeError for a connection that is not a peer of this job."""
     enlarge_buffers(conn)
@@ -141,7 +143,7 @@ def _greet(conn: socket.socket, key: bytes, generation: int, size: int) -> Tuple
     return purpose, peer
 
 
-def _accept_peers(listeners: List[socket.socket], expected: int, key: bytes, generation: int, rank: int,
+def _accept_peers(listeners: List[socket.socket], expected: int, key: bytes, generation: Generation, rank: int,
                   size: int, deadline: float, data: List[Optional[socket.socket]],
                   control: Dict[int, socket.socket], errors: List[BaseException]) -> None:
     """Accept ``expected`` authenticated connections into ``data`` / ``control`` (by the peer's rank) before
@@ -175,23 +177,46 @@ def _accept_peers(listeners: List[socket.socket], expected: int, key: bytes, gen
         selector.close()
 
 
-def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, timeout: float,
+def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generation, timeout: float,
                bind_addr: str) -> Mesh:
-    """Connect this rank to every other rank of the job (called by every rank at init).
+    """Connect this rank to every other rank of the job (called by every rank at init), or of a process set
+    (``topo`` then gives the rank's position in the set and the set's size).
 
     ``publish`` shares this rank's listening addresses and returns every rank's, in rank order: through the
-    rendezvous store under horovodrun (:func:`kv_publish`), or through an MPI allgather under mpirun.
+    rendezvous store under horovodrun (:func:`kv_publish`), through an MPI allgather under mpirun, or through
+    the global set's engine for a process set. On failure every socket opened here is closed again.
     """
     deadline = time.monotonic() + timeout
     rank, size = topo.rank, topo.size
     uds_name = f"\0horovod-{wire.secret_fingerprint(key)}-{generation}-{topo.hostname}-{rank}"
     listeners = _listen(bind_addr, uds_name, size)
-    me = {"host": topo.hostname, "addr": bind_addr, "port": listeners[0].getsockname()[1], "uds": uds_name,
-          "rank": rank, "size": size}
-    infos = publish(me, max(0.1, deadline - time.monotonic()))
-    hosts = [i["host"] for i in infos]
     data: List[Optional[socket.socket]] = [None] * size
     control: Dict[int, socket.socket] = {}
+    try:
+        me = {"host": topo.hostname, "addr": bind_addr, "port": listeners[0].getsockname()[1], "uds": uds_name,
+              "rank": rank, "size": size}
+        infos = publish(me, max(0.1, deadline - time.monotonic()))
+        hosts = [i["host"] for i in infos]
+        _connect_peers(topo, key, generation, timeout, deadline, listeners, infos, data, control)
+    except BaseException:
+        Mesh(rank, size, [], data, control, listeners).close()
+        raise
+    for sock in list(data) + list(control.values()):
+        if sock is not None:
+            sock.setblocking(True)
+    # Everyone is connected: stop listening, so that later connection attempts are refused outright.
+    for listener in listeners:
+        listener.close()
+    return Mesh(rank, size, hosts, data, control, [])
+
+
+def _connect_peers(topo: Topology, key: bytes, generation: Generation, timeout: float, deadline: float,
+                   listeners: List[socket.socket], infos: List[dict], data: List[Optional[socket.socket]],
+                   control: Dict[int, socket.socket]) -> None:
+    """Connect to every lower rank (and, on a worker, the control socket to rank 0) while accepting every higher
+    one, filling ``data`` and ``control``."""
+    rank, size = topo.rank, topo.size
+    hosts = [i["host"] for i in infos]
     expected = (size - 1 - rank) + (size - 1 if rank == 0 else 0)
     errors: List[BaseException] = []
     acceptor = threading.Thread(target=_accept_peers, name="horovod-accept", daemon=True,
@@ -211,10 +236,3 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: int, ti
         missing = [p for p in range(rank + 1, size) if data[p] is None]
         raise TimeoutError(f"Rank(s) {missing} did not connect to rank {rank} within {timeout:.0f}s "
                            f"({errors[0] if errors else 'timeout'}).")
-    for sock in list(data) + list(control.values()):
-        if sock is not None:
-            sock.setblocking(True)
-    # Everyone is connected: stop listening, so that later connection attempts are refused outright.
-    for listener in listeners:
-        listener.close()
-    return Mesh(rank, size, hosts, data, control, [])

@@ -87,6 +87,8 @@ class MPIContext:
         self.comm = base.Dup()             # Horovod's own traffic never matches the user's
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        # Process sets are made from this one, by the user's thread, while the engine thread may be using comm.
+        self.sets_comm = self.comm.Dup()
         self.local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.cross = self.comm.Split(self.local.Get_rank(), self.rank)
         self.thread_level = MPI.Query_thread()
@@ -148,10 +150,48 @@ class MPIContext:
         """The mesh's address exchange: an allgather over MPI (a collective, so no timeout applies)."""
         return self.comm.allgather(me)
 
+    def comm_ranks(self, comm: Any) -> List[int]:
+        """The Horovod ranks of the members of ``comm`` (a communicator of the user's, e.g. for a process set),
+        in ``comm``'s order; ValueError when some member is not in Horovod's job."""
+        theirs, ours = comm.Get_group(), self.comm.Get_group()
+        try:
+            ranks = list(self.MPI.Group.Translate_ranks(theirs, list(range(comm.Get_size())), ours))
+        finally:
+            theirs.Free()
+            ours.Free()
+        if any(r == self.MPI.UNDEFINED or r < 0 for r in ranks):
+            raise ValueError(f"the MPI communicator {comm} has members outside Horovod's communicator; a process set "
+                             "made from a communicator may only contain ranks of the Horovod job.")
+        return ranks
+
+    def subset(self, ranks: List[int]) -> Optional[SubsetMPI]:
+        """A communicator of Horovod's ``ranks`` (a process set), or None on a rank that is not one of them.
+        Collective: every rank of the job calls it, in the same order."""
+        member = self.rank in ranks
+        comm = self.sets_comm.Split(0 if member else self.MPI.UNDEFINED, ranks.index(self.rank) if member else 0)
+        return SubsetMPI(self, comm) if member else None
+
     def close(self) -> None:
         """Free Horovod's communicators (MPI itself stays initialized: mpi4py finalizes it at exit)."""
-        for comm in (self.cross, self.local, self.comm):
+        for comm in (self.cross, self.local, self.sets_comm, self.comm):
             try:
                 comm.Free()
             except Exception:   # MPI already finalized, or the job is tearing down after a failure
                 log.debug("could not free an MPI communicator", exc_info=True)
+
+
+class SubsetMPI:
+    """What a process set's data plane needs of MPI: its own communicator, and the job's MPI facts."""
+
+    def __init__(self, parent: MPIContext, comm: Any) -> None:
+        self.comm = comm
+        self.MPI = parent.MPI
+        self.threads_supported = parent.threads_supported
+        self.thread_level_name = parent.thread_level_name
+        self.library = parent.library
+
+    def close(self) -> None:
+        try:
+            self.comm.Free()
+        except Exception:
+            log.debug("could not free a process set's MPI communicator", exc_info=True)

@@ -10,9 +10,9 @@ defines it after the import.
 from __future__ import annotations
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from horovod.common.types import Adasum, Average, Max, Min, Product, ReduceOp, Sum
 from horovod.core.basics import (
+    add_process_set,
     ccl_built,
     cross_rank,
     cross_size,
@@ -30,12 +30,14 @@ from horovod.core.basics import (
     mpi_threads_supported,
     nccl_built,
     rank,
+    remove_process_set,
     rocm_built,
     shutdown,
     size,
     start_timeline,
     stop_timeline,
 )
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 __all__ = [
     # start and stop, who am I, what was built and is enabled, the timeline

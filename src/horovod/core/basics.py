@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
-from typing import List, Optional, Sequence
+import weakref
+from typing import List, Optional, Sequence, Union
 
 from horovod.common import config, logging_setup, mpi_context, topology, wire
 from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstream's)
@@ -23,7 +25,6 @@ from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstr
     rocm_built,
 )
 from horovod.common.exceptions import not_initialized
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core.controller.fusion import aligned_threshold
 from horovod.core.engine import Engine
 from horovod.core.engine.observer import EngineObserver
@@ -32,6 +33,8 @@ from horovod.core.observers import stall_inspector
 from horovod.core.observers import timeline as timeline_recording
 from horovod.core.observers.autotune import make_autotuner
 from horovod.core.observers.tuning import AutotuneObserver
+from horovod.core.process_set_table import JobContext, ProcessSetTable, exchange
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 log = logging.getLogger("horovod.basics")
 
@@ -45,28 +48,30 @@ class _State:
         self.mpi: Optional[mpi_context.MPIContext] = None
         self.generation = 0
         self.atexit_registered = False
+        self.job: Optional[JobContext] = None
+        self.sets = ProcessSetTable()
+        # The ProcessSet objects given ids in this init (invalidated at shutdown); weak, as the user owns them.
+        self.bound: weakref.WeakSet[ProcessSet] = weakref.WeakSet()
 
 
 _state = _State()
 
 
-def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
+def init(comm: Optional[object] = None, process_sets: Union[Sequence[ProcessSet], str, None] = None) -> None:
     """Start Horovod in this process (a repeated call is a no-op).
 
     ``comm`` is an mpi4py communicator (Horovod works on a duplicate of it) or a list of COMM_WORLD ranks, so
     that sub-communicators can run independent Horovod jobs; without it, a process started by ``mpirun`` runs
-    on COMM_WORLD and one started by ``horovodrun`` joins its rendezvous. ``process_sets`` other than the
-    global set raise NotImplementedError until the process-set feature lands.
+    on COMM_WORLD and one started by ``horovodrun`` joins its rendezvous. ``process_sets`` registers process sets
+    besides the global one (every rank passes the same list; sets made from MPI communicators may differ by
+    rank, and the union is registered), or is ``"dynamic"`` to allow ``add_process_set`` later.
     """
     with _state.lock:
         if _state.engine is not None and _state.engine.alive:
             return
         if _state.engine is not None:       # it died (peer lost): clean up before starting again
             shutdown()
-        if process_sets == "dynamic":
-            raise NotImplementedError("Dynamic process sets are not available in this release yet.")
-        if process_sets:
-            raise NotImplementedError("Process sets other than the global one are not available in this release yet.")
+        process_sets = _static_sets(process_sets)
         mpi = None
         try:
             if mpi_context.wanted(comm):
@@ -80,7 +85,7 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
         config.log_inert_knobs()
         generation = _state.generation
         try:
-            engine, reason = _start(topo, generation, mpi)
+            engine, reason, job = _start(topo, generation, mpi)
         except Exception as exc:
             if mpi is not None:
                 mpi.close()
@@ -90,6 +95,7 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
         _state.engine = engine
         _state.mpi = mpi
         _state.backend_reason = reason
+        _state.job = job
         global_process_set.ranks = list(range(topo.size))
         global_process_set.process_set_id = 0
         global_process_set.mpi_comm = mpi.comm if mpi is not None else None
@@ -97,6 +103,7 @@ def init(comm: Optional[object] = None, process_sets: Optional[Sequence[ProcessS
         if not _state.atexit_registered:
             atexit.register(shutdown)
             _state.atexit_registered = True
+        _register_static(process_sets)
         log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, started by %s, data plane: %s",
                  topo.rank, topo.size, topo.local_rank, topo.local_size, topo.hostname,
                  f"MPI ({mpi.library})" if mpi is not None else topo.source, reason)
@@ -142,16 +149,16 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
     if topo.size == 1:
         backend = LocalBackend()
         return (_started(Engine(0, 1, backend, {}, settings, on_close=backend.close, observers=observers)),
-                "local (a single rank)")
+                "local (a single rank)", _job(topo, b"", generation, "127.0.0.1", mpi))
     from horovod.backends.factory import make_backend
     from horovod.backends.mesh import build_mesh, default_bind_address
 
     timeout = config.get("HOROVOD_START_TIMEOUT")
     if mpi is not None:
-        key = mpi.job_secret()
-        mesh = build_mesh(topo, key, mpi.publish, generation, timeout, default_bind_address())
+        key, bind_addr = mpi.job_secret(), default_bind_address()
+        mesh = build_mesh(topo, key, mpi.publish, generation, timeout, bind_addr)
     else:
-        key, mesh = _rendezvous_mesh(topo, generation, timeout)
+        key, bind_addr, mesh = _rendezvous_mesh(topo, generation, timeout)
     try:
         backend, reason = make_backend(mesh, wire.secret_fingerprint(key), generation, mpi)
     except BaseException:
@@ -165,11 +172,24 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
     settings.hosts = mesh.hosts
     engine = _started(Engine(topo.rank, topo.size, backend, mesh.control, settings, on_close=close,
                              observers=observers))
-    return engine, reason
+    return engine, reason, _job(topo, key, generation, bind_addr, mpi)
+
+
+def _job(topo: topology.Topology, key: bytes, generation: int, bind_addr: str,
+         mpi: Optional[mpi_context.MPIContext]) -> JobContext:
+    """What starting a process set's engine will need to know about this job."""
+
+    def set_observers(ranks: List[int], where: str) -> List[EngineObserver]:
+        stall = stall_inspector.observer_from_config(len(ranks), ranks, where)
+        return [stall] if stall is not None else []
+
+    return JobContext(topo, key, generation, bind_addr, mpi, config.get("HOROVOD_START_TIMEOUT"),
+                      lambda: _settings(topo), set_observers)
 
 
 def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
-    """The job secret and the mesh, connected through horovodrun's rendezvous store."""
+    """The job secret, this rank's address for peers and the mesh, connected through horovodrun's rendezvous
+    store."""
     from horovod.backends.mesh import build_mesh, default_bind_address, kv_publish
     from horovod.common.kvstore import KVStoreClient
 
@@ -186,7 +206,8 @@ def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
     kv = KVStoreClient(addr, port, key, timeout=timeout)
     try:
         bind_addr = default_bind_address() if config.get("HOROVOD_GLOO_IFACE") else kv._sock.getsockname()[0]
-        return key, build_mesh(topo, key, kv_publish(kv, generation, timeout), generation, timeout, bind_addr)
+        return key, bind_addr, build_mesh(topo, key, kv_publish(kv, generation, timeout), generation, timeout,
+                                          bind_addr)
     finally:
         kv.close()
 
@@ -210,6 +231,11 @@ def shutdown() -> None:
         mpi, _state.mpi = _state.mpi, None
         if engine is None:
             return
+        _state.sets.close()             # the sets' engines first: they may still use the global one's sockets
+        _state.job = None
+        for bound in list(_state.bound):
+            bound._invalidate()
+        _state.bound = weakref.WeakSet()
         engine.shutdown()
         timeline_recording.stop_timeline(engine)
         if mpi is not None:
@@ -217,6 +243,165 @@ def shutdown() -> None:
         global_process_set.process_set_id = 0
         global_process_set.mpi_comm = None
         global_process_set.own_rank = None
+
+
+# ------------------------------------------------------------------ process sets (see core/process_set_table.py)
+
+
+def engine_for(process_set: Optional[ProcessSet]) -> Engine:
+    """The engine that runs ``process_set``'s collectives on this rank (the global one for None or the global
+    set); ValueError when the set is not registered, or this rank is not one of its members."""
+    current = engine()
+    if process_set is None or process_set is global_process_set:
+        return current
+    set_id = process_set.process_set_id
+    if set_id == 0:
+        return current
+    if set_id is None:
+        raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or register it "
+                         "with hvd.add_process_set() before using it in a collective.")
+    registered = _state.sets.get(set_id)
+    if registered is None:
+        raise ValueError(f"{process_set} was removed (hvd.remove_process_set); register it again to use it.")
+    if registered.engine is None:
+        raise ValueError(f"Rank {_state.topo.rank} is not in {registered.describe()}: only its members may run "
+                         "collectives on it. Check process_set.included() before calling the collective.")
+    return registered.engine
+
+
+def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
+    """Register a process set after ``init`` and return it with its id (needs HOROVOD_DYNAMIC_PROCESS_SETS=1 or
+    ``init(process_sets="dynamic")``). Collective: every rank calls it with the same ranks, in the same order."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.ranks is None and process_set.mpi_comm is not None:
+        raise NotImplementedError(
+            "Dynamically adding process sets defined by an MPI communicator is not implemented. "
+            "Please build the process set via a list of ranks.")
+    with _state.lock:
+        current = engine()
+        if not config.get("HOROVOD_DYNAMIC_PROCESS_SETS"):
+            raise ValueError(
+                "Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow adding process sets after Horovod initialization.")
+        ranks = _checked_ranks(process_set.ranks)
+        everyone = exchange(current, f"horovod.process_set.add.{_state.generation}.{_state.sets.next_id}", ranks)
+        _check_same(everyone, "add_process_set")
+        if _existing_id(ranks) is not None:
+            raise ValueError(f"Attempted to add a duplicate process set: {process_set}")
+        _bind(process_set, _state.sets.add(_state.job, current, ranks).process_set_id)
+        return process_set
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister ``process_set`` and stop its engine; False for the global set or a set that is not registered.
+    Collective, as ``add_process_set``. ValueError, naming the set, while collectives are in flight on it."""
+    set_id = process_set.process_set_id
+    if set_id is None or set_id == 0:
+        return False
+    with _state.lock:
+        current = engine()
+        if not config.get("HOROVOD_DYNAMIC_PROCESS_SETS"):
+            raise ValueError(
+                "Set HOROVOD_DYNAMIC_PROCESS_SETS=1 to allow removing process sets after Horovod initialization.")
+        registered = _state.sets.get(set_id)
+        if registered is None:
+            return False
+        mine = registered.engine.in_flight() if registered.engine is not None else []
+        everyone = exchange(current, f"horovod.process_set.remove.{_state.generation}.{set_id}", mine)
+        busy = {rank: names for rank, names in enumerate(everyone) if names}
+        if busy:
+            shown = "; ".join(f"rank {r}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                              for r, names in busy.items())
+            raise ValueError(f"Cannot remove {registered.describe()}: collectives are still in flight on it "
+                             f"({shown}). Wait for them to complete (synchronize their handles) first.")
+        process_set._invalidate()
+        _state.sets.remove(set_id)
+        return True
+
+
+def _static_sets(process_sets: Union[Sequence[ProcessSet], str, None]) -> List[ProcessSet]:
+    """``init``'s process_sets argument as a list; "dynamic" allows adding sets later, as upstream (which sets
+    HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment)."""
+    if process_sets is None:
+        return []
+    if isinstance(process_sets, str):
+        if process_sets.lower() != "dynamic":
+            raise ValueError(f"hvd.init(process_sets={process_sets!r}): pass a list of hvd.ProcessSet, or "
+                             "'dynamic' to add process sets later with hvd.add_process_set().")
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+        return []
+    sets = list(process_sets)
+    for ps in sets:
+        if not isinstance(ps, ProcessSet):
+            raise ValueError(f"hvd.init(process_sets=...) takes hvd.ProcessSet objects, got {ps!r}.")
+    return sets
+
+
+def _register_static(process_sets: List[ProcessSet]) -> None:
+    """Register ``init``'s process sets: the union of every rank's, in a deterministic order (sets made from MPI
+    communicators can differ by rank: a Split gives each rank its own)."""
+    if not process_sets and _state.topo.size == 1:
+        return
+    mine = [_checked_ranks(_comm_ranks(ps) if ps.ranks is None else ps.ranks) for ps in process_sets]
+    everyone = exchange(_state.engine, f"horovod.process_set.init.{_state.generation}", mine) \
+        if _state.topo.size > 1 else [mine]
+    for ranks in [r for theirs in everyone for r in theirs]:
+        if _existing_id(ranks) is None:
+            _state.sets.add(_state.job, _state.engine, ranks)
+    seen = {0}
+    for index, (ps, ranks) in enumerate(zip(process_sets, mine)):
+        set_id = _existing_id(ranks)
+        if set_id in seen:
+            raise ValueError(f"Horovod could not be initialized because process_sets entry number {index} is a "
+                             f"duplicate: {ps}")
+        seen.add(set_id)
+        ps.ranks = ranks
+        _bind(ps, set_id)
+
+
+def _comm_ranks(process_set: ProcessSet) -> List[int]:
+    if _state.mpi is None:
+        raise ValueError(f"{process_set} is made from an MPI communicator, but this job does not run on MPI; launch "
+                         "it with mpirun or `horovodrun --mpi`, or build the process set from a list of ranks.")
+    return _state.mpi.comm_ranks(process_set.mpi_comm)
+
+
+def _checked_ranks(ranks: Optional[Sequence[int]]) -> List[int]:
+    """Sorted, distinct ranks of this job; ValueError saying what is wrong otherwise."""
+    size = _state.topo.size
+    ranks = sorted(int(r) for r in (ranks or []))
+    if not ranks:
+        raise ValueError("A process set needs at least one rank.")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"Process set ranks {ranks} contain duplicates; give each rank once.")
+    bad = [r for r in ranks if not 0 <= r < size]
+    if bad:
+        raise ValueError(f"Process set ranks {bad} are not ranks of this job (valid ranks are 0..{size - 1}).")
+    return ranks
+
+
+def _check_same(everyone: List[list], what: str) -> None:
+    """Every rank must have asked for the same set; otherwise every rank raises, naming what each asked for."""
+    if any(theirs != everyone[0] for theirs in everyone):
+        asked = "; ".join(f"rank {r} asked for {theirs}" for r, theirs in enumerate(everyone))
+        raise ValueError(f"{what} is collective: every rank must call it with the same ranks, in the same order, "
+                         f"but {asked}.")
+
+
+def _existing_id(ranks: List[int]) -> Optional[int]:
+    """The id of the registered set (the global one included) with exactly these ranks."""
+    if ranks == list(range(_state.topo.size)):
+        return 0
+    return _state.sets.id_of(ranks)
+
+
+def _bind(process_set: ProcessSet, set_id: int) -> None:
+    process_set.process_set_id = set_id
+    process_set.own_rank = _state.topo.rank
+    if set_id != 0:
+        registered = _state.sets.get(set_id)
+        process_set.ranks = list(registered.ranks)
+        _state.bound.add(process_set)
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -13,12 +13,12 @@ from typing import Callable, List, Optional, Sequence, Union
 import cloudpickle
 import numpy as np
 
-from horovod.common.process_sets import ProcessSet, check_global
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
 from horovod.core.controller.messages import make_request
 from horovod.core.engine import Entry
 from horovod.core.engine.handles import Handle
+from horovod.core.process_sets import ProcessSet
 
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 Allocators = Union[Allocator, Sequence[Allocator], None]
@@ -64,8 +64,9 @@ def _check_scale(dtype: DataType, prescale_factor: float, postscale_factor: floa
                          "at 1.0 or cast the tensor to a numeric type.")
 
 
-def _engine():
-    return basics.engine()
+def _engine(process_set: Optional[ProcessSet] = None):
+    """The engine that runs ``process_set``'s collectives (ValueError when this rank is not a member)."""
+    return basics.engine_for(process_set)
 
 
 def _per_tensor(allocate: Allocators, n: int) -> List[Optional[Allocator]]:
@@ -82,8 +83,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
                     op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Reduce ``tensor`` across ranks into ``output`` (a new array unless given; may be ``tensor`` itself)."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     dtype = check_array(tensor)
     op = _check_reduce(op, dtype, "allreduce")
     _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
@@ -101,15 +101,14 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Optional[ProcessSet] = None) -> Handle:
     """Allreduce a list of tensors negotiated and fused as one unit; the handle's result is a list."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     outputs = [np.empty_like(t) for t in tensors] if outputs is None else list(outputs)
     base = name or tensor_name("grouped_allreduce", None)
     n = len(tensors)
-    handle = Handle(base, parts=n)
+    handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, out) in enumerate(zip(tensors, outputs)):
         dtype = check_array(t)
@@ -126,8 +125,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
 def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Optional[Allocator] = None,
                     process_set: Optional[ProcessSet] = None) -> Handle:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     dtype = check_array(tensor)
     if tensor.ndim == 0:
         raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
@@ -142,12 +140,11 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] =
                             allocate: Allocators = None,
                             process_set: Optional[ProcessSet] = None) -> Handle:
     """Allgather each tensor of a list, negotiated as one unit; the handle's result is a list."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     tensors = list(tensors)
     base = name or tensor_name("grouped_allgather", None)
     n = len(tensors)
-    handle = Handle(base, parts=n)
+    handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
         dtype = check_array(t)
@@ -162,8 +159,7 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] =
 def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndarray] = None,
                     name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> Handle:
     """Copy ``root_rank``'s ``tensor`` to every rank (into ``output``, a new array unless given)."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     dtype = check_array(tensor)
     name = name or tensor_name("broadcast", None)
     if output is None:
@@ -177,10 +173,9 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
 def alltoall_async(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
                    allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
     """Send ``splits[j]`` rows of ``tensor`` to rank j; the result is (output, received_splits)."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     dtype = check_array(tensor)
-    size = basics.size()
+    size = engine.size
     if tensor.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension.")
     if splits is None:
@@ -204,8 +199,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                         allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
     """Reduce ``tensor`` across ranks and keep this rank's block of dim 0 (ranks < n % size get one more row)."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     dtype = check_array(tensor)
     op = ReduceOp(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
@@ -227,15 +221,14 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
                                 postscale_factor: float = 1.0, allocate: Allocators = None,
                                 process_set: Optional[ProcessSet] = None) -> Handle:
     """Reducescatter each tensor of a list, negotiated as one unit; the handle's result is a list."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     tensors = list(tensors)
     base = name or tensor_name("grouped_reducescatter", None)
     n = len(tensors)
     op = ReduceOp(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
-    handle = Handle(base, parts=n)
+    handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
         dtype = check_array(t)
@@ -252,17 +245,16 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
 
 def barrier_async(process_set: Optional[ProcessSet] = None) -> Handle:
     """Completes once every rank has entered the barrier."""
-    engine = _engine()
-    check_global(process_set)
+    engine = _engine(process_set)
     name = "barrier.noname"
     handle = Handle(name)
     engine.enqueue([Entry(make_request(name, RequestType.BARRIER, DataType.UINT8, []), None, None, handle)])
     return handle
 
 
-def join_async() -> Handle:
+def join_async(process_set: Optional[ProcessSet] = None) -> Handle:
     """Mark this rank as joined; completes with the last rank to join once every rank has."""
-    engine = _engine()
+    engine = _engine(process_set)
     name = "join.noname"
     handle = Handle(name)
     engine.enqueue([Entry(make_request(name, RequestType.JOIN, DataType.UINT8, []), None, None, handle)])

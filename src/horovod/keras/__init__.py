@@ -13,9 +13,9 @@ from horovod._keras import api as _api
 from horovod._keras import values as _values
 from horovod._keras.compression import Compression
 from horovod._keras.loading import load_model as _load_model
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.keras import callbacks  # noqa: F401
 
 broadcast_global_variables = _api.broadcast_global_variables

@@ -11,7 +11,6 @@ from typing import Any, List, Optional, Sequence
 import numpy as _np
 
 from horovod.common import types as _types
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.core import api as _api
@@ -19,6 +18,7 @@ from horovod.core import ops as _ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.engine.handles import Handle
 from horovod.core.handle_map import HandleMap
+from horovod.core.process_sets import ProcessSet, global_process_set
 
 __all__ = _api.__all__ + [
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_",

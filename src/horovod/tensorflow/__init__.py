@@ -13,8 +13,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import errors
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (  # noqa: F401

@@ -5,8 +5,8 @@ from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.mpi_ops import _MOVE_DTYPES, _broadcast_many, _name, _no_autograph, _read, _tensor
 from horovod.tensorflow.util import _executing_eagerly
 

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.gradient_tape import _key, reduce_global_keep_local
 
 

@@ -14,8 +14,8 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from horovod.common.gradient_groups import allreduce_in_groups, check_groups, scale_factors
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.mpi_ops import _grouped_allreduce, collective_chain, size
 

@@ -26,12 +26,12 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import types as _types
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
 from horovod.core import basics, ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names, re-exported as upstream's mpi_ops does)
 from horovod.core.basics import rank, size
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import errors
 from horovod.tensorflow.graph_call import call as _call
 from horovod.tensorflow.graph_call import collective_chain  # noqa: F401  (re-exported)
@@ -106,9 +106,9 @@ def _apply(fwd: Callable, *tensors):
 
 
 def _wait_all(handle) -> List[np.ndarray]:
-    """A grouped op's results as a list (the op layer returns a lone array for a group of one)."""
+    """A grouped op's results, as a list."""
     result = handle.wait()
-    return result if isinstance(result, list) else [result]
+    return list(result)
 
 
 def _set_shape(tensor: tf.Tensor, shape) -> tf.Tensor:

@@ -13,8 +13,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Adasum, Average, ReduceOp
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, reduce_global_keep_local

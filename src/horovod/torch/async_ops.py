@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from horovod.common import types as _types
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.core import ops
 from horovod.core.basics import size
 from horovod.core.engine.handles import Handle
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.handles import Pending, handle_map, synchronize
 from horovod.torch.tensors import (
     MOVE_DTYPES,

@@ -8,9 +8,9 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp, Sum
 from horovod.core.basics import rank
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.async_ops import (
     allgather_async,
     allreduce_async,

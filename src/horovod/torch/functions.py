@@ -6,8 +6,8 @@ from typing import Any, Iterable, List, Optional, Union
 
 import torch
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.mpi_ops import broadcast_async_, rank, synchronize
 
 

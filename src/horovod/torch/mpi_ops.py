@@ -12,11 +12,11 @@ names (``size``, ``rank``, process sets, reduce ops ...) come from ``horovod.cor
 """
 from __future__ import annotations
 
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.util import get_average_backwards_compatibility_fun  # noqa: F401  (upstream's mpi_ops has it)
 from horovod.core import api, basics, ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names, re-exported as upstream's mpi_ops does)
 from horovod.core.engine.handles import Handle  # noqa: F401  (importable from here before the split)
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch import async_ops, autograd_ops
 from horovod.torch.async_ops import *  # noqa: F403  (the asynchronous collectives: async_ops.__all__)
 from horovod.torch.async_ops import handle_average_backwards_compatibility, process_set_size  # noqa: F401

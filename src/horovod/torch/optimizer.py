@@ -16,7 +16,7 @@ import torch
 
 from horovod.common import config
 from horovod.common.gradient_groups import check_predivide, fixed_groups, scale_factors
-from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
     Adasum,

@@ -9,8 +9,8 @@ from typing import Any, Iterable, List, Optional
 import numpy as np
 
 from horovod._keras.flavor import tf_keras
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.gradient_tape import _key
 
 

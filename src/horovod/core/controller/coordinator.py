@@ -64,12 +64,13 @@ def _ranks_text(by_value: Dict) -> str:
     return "; ".join(parts)
 
 
-def _disagreement(requests: Dict[int, list], key) -> Optional[str]:
-    """``None`` if ``key(request)`` is equal on every rank, else 'rank 0 sent X; rank 1 sent Y'."""
+def _disagreement(requests: Dict[int, list], key, ranks: List[int]) -> Optional[str]:
+    """``None`` if ``key(request)`` is equal on every rank, else 'rank 0 sent X; rank 1 sent Y' (requests are keyed
+    by position in the process set; ``ranks`` names those positions by global rank)."""
     by_value: Dict = OrderedDict()
-    for rank in sorted(requests):
-        value = key(requests[rank])
-        by_value.setdefault(str(value) if isinstance(value, list) else value, []).append(rank)
+    for position in sorted(requests):
+        value = key(requests[position])
+        by_value.setdefault(str(value) if isinstance(value, list) else value, []).append(ranks[position])
     return None if len(by_value) == 1 else _ranks_text(by_value)
 
 
@@ -86,8 +87,10 @@ class Coordinator:
     """Negotiation state of one process set, kept on its rank 0."""
 
     def __init__(self, size: int, cache: ResponseCache, fusion_threshold: int,
-                 disable_group_fusion: bool = False) -> None:
+                 disable_group_fusion: bool = False, ranks: Optional[List[int]] = None) -> None:
         self.size = size
+        # Ranks are positions in the process set everywhere here; messages name them by global rank.
+        self.ranks = list(ranks) if ranks is not None else list(range(size))
         self.cache = cache
         self.fusion_threshold = fusion_threshold
         self.disable_group_fusion = disable_group_fusion
@@ -267,7 +270,7 @@ class Coordinator:
         for batch in self._plan(responses, group_units):
             out.append([BATCH, [cached_ids[r.name] if r.name in cached else r.to_wire() for r in batch]])
         if self._join_done:
-            out.append([JOIN, self._last_joined])
+            out.append([JOIN, self.ranks[self._last_joined]])
             self._join_done = False
             self._joined.clear()
         if out:
@@ -289,57 +292,64 @@ class Coordinator:
         return len(requests) == self.size and all(cached.request_matches(r, q) for r, q in requests.items())
 
     # ------------------------------------------------------------- validation
+    def _differ(self, requests: Dict[int, list], key) -> Optional[str]:
+        return _disagreement(requests, key, self.ranks)
+
     def _construct(self, name: str, requests: Dict[int, list]):
         """Validate the ranks' requests for ``name``; a TensorResponse or an error message."""
         first = requests[min(requests)]
         if first[R_TYPE] in _IDENTICAL_TYPES and len(requests) == self.size and \
                 all(q == first for q in requests.values()):
             return self._response(name, first, list(first[R_SHAPE]), None)
-        diff = _disagreement(requests, lambda q: _OP_NAMES[q[R_TYPE]])
+        diff = self._differ(requests, lambda q: _OP_NAMES[q[R_TYPE]])
         if diff:
             return f"Mismatched operations for tensor '{name}': {diff.replace('sent', 'did an')}."
         rtype = RequestType(first[R_TYPE])
         op_name = rtype.name
-        diff = _disagreement(requests, lambda q: _DTYPE_NAMES[q[R_DTYPE]])
+        diff = self._differ(requests, lambda q: _DTYPE_NAMES[q[R_DTYPE]])
         if diff:
             return f"Mismatched data types for {op_name} of tensor '{name}': {diff}."
-        missing = sorted(set(range(self.size)) - set(requests))
+        missing = [self.ranks[p] for p in sorted(set(range(self.size)) - set(requests))]
         if missing and rtype in _NOT_WITH_JOIN:
             return (f"{_NOT_WITH_JOIN[rtype]} is not supported with Join at this time: rank(s) "
                     f"{', '.join(map(str, missing))} joined before submitting tensor '{name}'. Make every rank "
                     "run the same collectives before it calls hvd.join().")
         if rtype in (RequestType.ALLREDUCE, RequestType.ADASUM, RequestType.BROADCAST, RequestType.REDUCESCATTER):
-            diff = _disagreement(requests, lambda q: list(q[R_SHAPE]))
+            diff = self._differ(requests, lambda q: list(q[R_SHAPE]))
             if diff:
                 return f"Mismatched {op_name} tensor shapes for tensor '{name}': {diff}."
         if rtype in (RequestType.ALLREDUCE, RequestType.REDUCESCATTER, RequestType.ADASUM):
-            diff = _disagreement(requests, lambda q: _REDUCE_NAMES.get(q[R_OP], q[R_OP]))
+            diff = self._differ(requests, lambda q: _REDUCE_NAMES.get(q[R_OP], q[R_OP]))
             if diff:
                 return f"Mismatched reduce operations for {op_name} of tensor '{name}': {diff}."
-            diff = _disagreement(requests, lambda q: q[R_PRE])
+            diff = self._differ(requests, lambda q: q[R_PRE])
             if diff:
                 return f"Mismatched prescale factors for {op_name} of tensor '{name}': {diff}."
-            diff = _disagreement(requests, lambda q: q[R_POST])
+            diff = self._differ(requests, lambda q: q[R_POST])
             if diff:
                 return f"Mismatched postscale factors for {op_name} of tensor '{name}': {diff}."
         shape = list(first[R_SHAPE])
         extra = None
         if rtype == RequestType.BROADCAST:
-            diff = _disagreement(requests, lambda q: q[R_ROOT])
+            diff = self._differ(requests, lambda q: q[R_ROOT])
             if diff:
                 return f"Mismatched BROADCAST root ranks for tensor '{name}': {diff.replace('sent', 'gave root')}."
             root = first[R_ROOT]
-            if not 0 <= root < self.size:
-                return (f"Invalid root rank {root} for BROADCAST of tensor '{name}': the job has {self.size} "
-                        f"ranks (valid roots are 0..{self.size - 1}).")
+            if root not in self.ranks:
+                if self.ranks == list(range(self.size)):
+                    return (f"Invalid root rank {root} for BROADCAST of tensor '{name}': the job has {self.size} "
+                            f"ranks (valid roots are 0..{self.size - 1}).")
+                return (f"Invalid root rank {root} for BROADCAST of tensor '{name}': it is not in the process set "
+                        f"(ranks {self.ranks}); the root is a global rank, one of the set's.")
         elif rtype == RequestType.REDUCESCATTER:
             if not shape:
                 return f"Cannot REDUCESCATTER tensor '{name}': it is rank-zero (a scalar); give it a first dimension."
         elif rtype in (RequestType.ALLGATHER, RequestType.ALLTOALL):
             if any(len(q[R_SHAPE]) == 0 for q in requests.values()):
-                return (f"Rank(s) {', '.join(str(r) for r, q in sorted(requests.items()) if not q[R_SHAPE])} "
+                scalar = [str(self.ranks[r]) for r, q in sorted(requests.items()) if not q[R_SHAPE]]
+                return (f"Rank(s) {', '.join(scalar)} "
                         f"tried to {op_name} a rank-zero tensor '{name}'; give it a first dimension.")
-            diff = _disagreement(requests, lambda q: list(q[R_SHAPE][1:]))
+            diff = self._differ(requests, lambda q: list(q[R_SHAPE][1:]))
             if diff:
                 return (f"Mismatched {op_name} tensor shapes for tensor '{name}': every dimension except the "
                         f"first must match across ranks, but {diff.replace('sent', 'sent rows of shape')}.")

@@ -23,17 +23,22 @@ ABORT_REASON_WAIT_SECONDS = 0.5
 class ControlChannel:
     """This rank's control sockets: to every worker on rank 0, to the coordinator on the others."""
 
-    def __init__(self, rank: int, socks: Dict[int, socket.socket], hosts: Optional[List[str]], size: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, socks: Dict[int, socket.socket], hosts: Optional[List[str]], size: int,
+                 ranks: Optional[List[int]] = None) -> None:
+        self.rank = rank            # this rank's position in its process set; peers are positions too
         self.socks = socks
         self.hosts = list(hosts) if hosts else ["localhost"] * size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))     # position -> global rank
         self.send_lock = threading.Lock()   # a worker's user threads and engine thread both send
 
     def host_of(self, peer: int) -> str:
         return self.hosts[peer] if 0 <= peer < len(self.hosts) else "?"
 
+    def global_rank(self, peer: int) -> int:
+        return self.ranks[peer] if 0 <= peer < len(self.ranks) else peer
+
     def lost(self, peer: int, exc: BaseException) -> PeerLostError:
-        return PeerLostError(peer, self.host_of(peer), str(exc) or "connection closed")
+        return PeerLostError(self.global_rank(peer), self.host_of(peer), str(exc) or "connection closed")
 
     def broadcast(self, msg: list, best_effort: bool = False) -> None:
         """Send ``msg`` to every worker; with ``best_effort`` (shutdown, abort) skip peers that are gone."""
@@ -44,7 +49,7 @@ class ControlChannel:
                 sock.sendall(frame)
             except OSError as exc:
                 if not best_effort:
-                    raise PeerLostError(peer, self.host_of(peer), str(exc)) from None
+                    raise self.lost(peer, exc) from None
 
     def receive(self, peer: int, sock: socket.socket) -> list:
         try:
@@ -58,7 +63,7 @@ class ControlChannel:
             with self.send_lock:
                 wire.send_msg(self.socks[0], msg)
         except OSError as exc:
-            raise PeerLostError(0, self.host_of(0), str(exc)) from None
+            raise self.lost(0, exc) from None
 
     def send_abort(self, reason: str) -> None:
         """Tell the others this rank aborts, and why (best effort: some may be gone)."""

@@ -81,15 +81,20 @@ class Engine:
 
     def __init__(self, rank: int, size: int, backend: Backend, control: Dict[int, socket.socket],
                  settings: Optional[EngineSettings] = None, on_close: Optional[Callable[[], None]] = None,
-                 observers: Sequence[EngineObserver] = ()) -> None:
-        self.rank = rank
+                 observers: Sequence[EngineObserver] = (), ranks: Optional[Sequence[int]] = None,
+                 process_set_id: int = 0) -> None:
+        self.rank = rank            # positions within this engine's process set ...
         self.size = size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))     # ... and their global ranks
+        self.global_rank = self.ranks[rank]
+        self.process_set_id = process_set_id
         self.backend = backend
         self.settings = settings = settings if settings is not None else EngineSettings()
-        self.control = ControlChannel(rank, control, settings.hosts, size)
+        self.control = ControlChannel(rank, control, settings.hosts, size, self.ranks)
         self.cache = ResponseCache(settings.cache_capacity)
         self.hold_s = settings.hold_seconds()
-        self.coordinator = (Coordinator(size, self.cache, settings.fusion_threshold, settings.disable_group_fusion)
+        self.coordinator = (Coordinator(size, self.cache, settings.fusion_threshold, settings.disable_group_fusion,
+                                        self.ranks)
                             if rank == 0 else None)
         self._on_close = on_close
         self.lock = threading.Lock()
@@ -106,7 +111,8 @@ class Engine:
         self.hooks = Hooks()
         for observer in observers:
             self.add_observer(observer)
-        self._thread = threading.Thread(target=self._main, name="horovod-engine", daemon=True)
+        self._thread = threading.Thread(target=self._main, daemon=True,
+                                        name="horovod-engine" + (f"-ps{process_set_id}" if process_set_id else ""))
 
     # ------------------------------------------------------------------ user side
     def start(self) -> Engine:
@@ -171,7 +177,12 @@ class Engine:
         try:
             self.control.send_to_coordinator(["R", [e.request for e in entries]])
         except PeerLostError:
-            log.debug("rank %d: could not forward requests; the engine will report it", self.rank)
+            log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
+
+    def in_flight(self) -> List[str]:
+        """The names of the collectives submitted on this rank and not completed yet."""
+        with self.lock:
+            return list(self.table)
 
     def queued(self, handle: Handle) -> bool:
         """True while ``handle``'s tensors wait in this rank's table (not yet emitted by the coordinator)."""
@@ -199,7 +210,7 @@ class Engine:
             self.wake()
         self._thread.join(SHUTDOWN_WAIT_SECONDS + 5.0)
         if self._thread.is_alive():
-            log.warning("rank %d: the engine thread did not stop in time; abandoning it", self.rank)
+            log.warning("rank %d: the engine thread did not stop in time; abandoning it", self.global_rank)
             self.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
 
     @property
@@ -213,7 +224,7 @@ class Engine:
             try:
                 os.sched_setaffinity(0, {self.settings.affinity})   # 0 = the calling thread on Linux
             except (OSError, AttributeError) as exc:
-                log.warning("rank %d: could not pin the engine thread to core %s: %s", self.rank,
+                log.warning("rank %d: could not pin the engine thread to core %s: %s", self.global_rank,
                             self.settings.affinity, exc)
         try:
             if self.coordinator is not None:
@@ -228,8 +239,9 @@ class Engine:
             self._abort(str(exc))
         except Exception as exc:
             self._aborting()
-            log.exception("rank %d: the Horovod engine failed", self.rank)
-            self._abort(f"Horovod background thread failed on rank {self.rank}: {type(exc).__name__}: {exc}")
+            log.exception("rank %d: the Horovod engine failed", self.global_rank)
+            self._abort(f"Horovod background thread failed on rank {self.global_rank}: {type(exc).__name__}: "
+                        f"{exc}")
         finally:
             self._close()
 
@@ -351,7 +363,7 @@ class Engine:
             # These entries already left the table, so the abort that follows cannot reach them: fail them here.
             error = HorovodInternalError(str(exc) if isinstance(exc, (PeerLostError, HorovodInternalError)) else
                                          f"{RequestType(batch[0].rtype).name} of tensor '{batch[0].name}' failed "
-                                         f"on rank {self.rank}: {type(exc).__name__}: {exc}")
+                                         f"on rank {self.global_rank}: {type(exc).__name__}: {exc}")
             for entry in entries:
                 if entry is not None:
                     entry.handle.set_error(error)
@@ -388,7 +400,7 @@ class Engine:
                 self.state = EngineState.ABORTING
 
     def _abort(self, reason: str) -> None:
-        log.error("rank %d: %s", self.rank, reason)
+        log.error("rank %d: %s", self.global_rank, reason)
         self.control.send_abort(reason)
         self.fail_all(HorovodInternalError(reason))
 
@@ -397,7 +409,7 @@ class Engine:
             try:
                 observer.close()
             except Exception:
-                log.debug("rank %d: an engine observer failed to close", self.rank, exc_info=True)
+                log.debug("rank %d: an engine observer failed to close", self.global_rank, exc_info=True)
         with self.lock:
             if self.state is not EngineState.STOPPED:
                 self.state, self.error = EngineState.STOPPED, HorovodInternalError(SHUT_DOWN_MESSAGE)
@@ -410,4 +422,4 @@ class Engine:
             try:
                 self._on_close()
             except Exception:
-                log.debug("rank %d: error while closing the data plane", self.rank, exc_info=True)
+                log.debug("rank %d: error while closing the data plane", self.global_rank, exc_info=True)

@@ -30,8 +30,12 @@ SHUTDOWN_WAIT_SECONDS = 5.0
 # --------------------------------------------------------------------------------------------- coordinator
 def coordinator_loop(engine: Engine) -> None:
     """Rank 0's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
+    with selectors.DefaultSelector() as selector:
+        _coordinate(engine, selector)
+
+
+def _coordinate(engine: Engine, selector: selectors.BaseSelector) -> None:
     coord = engine.coordinator
-    selector = selectors.DefaultSelector()
     engine.register_wake(selector)
     for peer, sock in engine.control.socks.items():
         selector.register(sock, selectors.EVENT_READ, peer)
@@ -59,7 +63,7 @@ def coordinator_loop(engine: Engine) -> None:
                 continue
             msg = engine.control.receive(peer, key.fileobj)
             if msg[0] == "X":
-                shutdown_reason = f"rank {peer} called hvd.shutdown()"
+                shutdown_reason = f"rank {engine.control.global_rank(peer)} called hvd.shutdown()"
                 selector.unregister(key.fileobj)
             else:
                 _from_worker(engine, peer, msg)
@@ -153,8 +157,12 @@ def _inspect(engine: Engine) -> Optional[float]:
 # --------------------------------------------------------------------------------------------- workers
 def worker_loop(engine: Engine) -> None:
     """A worker's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
+    with selectors.DefaultSelector() as selector:
+        _work(engine, selector)
+
+
+def _work(engine: Engine, selector: selectors.BaseSelector) -> None:
     sock = engine.control.socks[0]
-    selector = selectors.DefaultSelector()
     engine.register_wake(selector)
     selector.register(sock, selectors.EVENT_READ, 0)
     stop_sent_at = None

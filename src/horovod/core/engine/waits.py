@@ -14,7 +14,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from horovod.backends.comm import PeerLostError
 from horovod.common import wire
 from horovod.core.engine.handles import Handle, waits_from_several_threads
 
@@ -106,7 +105,7 @@ class WaitNotices:
                     try:
                         wire.send_msg(self.engine.control.socks[0], ["U", names])
                     except OSError as exc:
-                        raise PeerLostError(0, self.engine.control.host_of(0), str(exc)) from None
+                        raise self.engine.control.lost(0, exc) from None
         finally:
             self.lock.release()
         if expired and not worker:

@@ -45,11 +45,19 @@ DEADLOCK_ADVICE = ("The ranks took different code paths: one skipped a collectiv
 REPORT, SHUTDOWN = "report", "shutdown"
 
 
+def _where(where: str) -> str:
+    """The process set a report is about, as a sentence after its headline (nothing for the global set)."""
+    return f" (This is{where}.)" if where else ""
+
+
 class StallInspector:
     """Decides, from the coordinator's pending tensors, when to warn and when to shut the job down."""
 
-    def __init__(self, size: int, warning_s: float, shutdown_s: float = 0.0) -> None:
+    def __init__(self, size: int, warning_s: float, shutdown_s: float = 0.0,
+                 ranks: Optional[Sequence[int]] = None, where: str = "") -> None:
         self.size = size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))   # position -> global rank
+        self.where = where          # e.g. " in process set 1 (ranks [1, 3])"
         self.warning_s = warning_s
         if 0 < shutdown_s < warning_s:
             log.warning("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=%g is less than HOROVOD_STALL_CHECK_TIME_SECONDS=%g; "
@@ -94,13 +102,13 @@ class StallInspector:
             for rank in range(self.size):
                 if rank not in ranks and rank not in absent:
                     missing.setdefault(rank, []).append((name, waited))
-        lines = [HEADLINE.format(seconds=self.warning_s), "Missing ranks:"]
+        lines = [HEADLINE.format(seconds=self.warning_s) + _where(self.where), "Missing ranks:"]
         for rank in sorted(missing):
             names = sorted(missing[rank], key=lambda item: -item[1])
             shown = ", ".join(f"{name} (waiting {waited:.1f} s)" for name, waited in names[:MAX_NAMES_PER_RANK])
             more = f" and {len(names) - MAX_NAMES_PER_RANK} more" if len(names) > MAX_NAMES_PER_RANK else ""
             mark = "!" if shutdown and any(w > self.shutdown_s for _, w in names) else ""
-            lines.append(f"{rank}{mark}: [{shown}{more}]")
+            lines.append(f"{self.ranks[rank]}{mark}: [{shown}{more}]")
         if shutdown:
             lines.append(f"Shutting down: tensors stalled for more than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
                          f"{self.shutdown_s:g} s. Make every rank submit the same tensors (same names, same "
@@ -116,8 +124,11 @@ class DeadlockDetector:
     emitted) stays the same: a program that submits from several threads may pass through the same state briefly.
     """
 
-    def __init__(self, size: int, confirm_s: float, shutdown_s: float, shutdown: bool = True) -> None:
+    def __init__(self, size: int, confirm_s: float, shutdown_s: float, shutdown: bool = True,
+                 ranks: Optional[Sequence[int]] = None, where: str = "") -> None:
         self.size = size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))   # position -> global rank
+        self.where = where
         self.confirm_s = max(0.0, confirm_s)
         self.shutdown_s = max(0.0, shutdown_s)
         self.shutdown = shutdown
@@ -156,7 +167,7 @@ class DeadlockDetector:
                 return None
             self._reported_at = now
             self._report = self._describe(waits, needed, now - self._since)
-            threaded = sorted(needed.intersection(several_threads))
+            threaded = [self.ranks[r] for r in sorted(needed.intersection(several_threads))]
             if self.shutdown and threaded:
                 label = "Rank" if len(threaded) == 1 else "Ranks"
                 tail = (f"{label} {', '.join(map(str, threaded))} submit collectives from several threads (as a "
@@ -181,20 +192,21 @@ class DeadlockDetector:
 
     def _describe(self, waits: Sequence[Tuple[str, str, List[int], List[int]]], needed: Set[int],
                   held: float) -> str:
-        lines = [DEADLOCK_HEADLINE.format(seconds=held)]
+        lines = [DEADLOCK_HEADLINE.format(seconds=held) + _where(self.where)]
+        name_of = self.ranks
         for rank in sorted(needed):
             mine = [w for w in waits if rank in w[3]]
             shown = []
             for name, op, submitted, _ in mine[:MAX_NAMES_PER_RANK]:
-                missing = sorted(needed.difference(submitted))
+                missing = [name_of[r] for r in sorted(needed.difference(submitted))]
                 if missing:
                     label = "rank" if len(missing) == 1 else "ranks"
                     shown.append(f"{name} ({op}; not submitted by {label} {', '.join(map(str, missing))})")
                 else:
                     shown.append(f"{name} ({op}; submitted by every rank, held for the rest of its group)")
             more = f" and {len(mine) - MAX_NAMES_PER_RANK} more" if len(mine) > MAX_NAMES_PER_RANK else ""
-            lines.append(f"Rank {rank} waits on {', '.join(shown)}{more}.")
-        joined = sorted(set(range(self.size)).difference(needed))
+            lines.append(f"Rank {name_of[rank]} waits on {', '.join(shown)}{more}.")
+        joined = [name_of[r] for r in sorted(set(range(self.size)).difference(needed))]
         if joined:
             label, pronoun = ("Rank", "it counts") if len(joined) == 1 else ("Ranks", "they count")
             lines.append(f"{label} {', '.join(map(str, joined))} joined (hvd.join): {pronoun} as having submitted "
@@ -203,21 +215,22 @@ class DeadlockDetector:
         return "\n".join(lines)
 
 
-def deadlock_from_config(size: int) -> Optional[DeadlockDetector]:
+def deadlock_from_config(size: int, ranks: Optional[Sequence[int]] = None,
+                         where: str = "") -> Optional[DeadlockDetector]:
     """The deadlock detector for the coordinator, or None when it is off (HOROVOD_STALL_CHECK_DISABLE or
     HOROVOD_DEADLOCK_CHECK_DISABLE, or a one-rank job)."""
     if size < 2 or config.get("HOROVOD_STALL_CHECK_DISABLE") or config.get("HOROVOD_DEADLOCK_CHECK_DISABLE"):
         return None
     return DeadlockDetector(size, confirm_seconds(), config.get("HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS"),
-                            shutdown=not config.get("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE"))
+                            shutdown=not config.get("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE"), ranks=ranks, where=where)
 
 
-def from_config(size: int) -> Optional[StallInspector]:
+def from_config(size: int, ranks: Optional[Sequence[int]] = None, where: str = "") -> Optional[StallInspector]:
     """The inspector for the coordinator, or None with HOROVOD_STALL_CHECK_DISABLE."""
     if config.get("HOROVOD_STALL_CHECK_DISABLE"):
         return None
     return StallInspector(size, config.get("HOROVOD_STALL_CHECK_TIME_SECONDS"),
-                          config.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"))
+                          config.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"), ranks=ranks, where=where)
 
 
 class StallObserver(EngineObserver):
@@ -251,10 +264,13 @@ class StallObserver(EngineObserver):
         return due
 
 
-def observer_from_config(size: int) -> Optional[StallObserver]:
-    """Rank 0's stall and deadlock observer as the environment configures it, or None when both are off."""
-    inspector = from_config(size) if size > 1 else None
-    detector = deadlock_from_config(size)
+def observer_from_config(size: int, ranks: Optional[Sequence[int]] = None,
+                         where: str = "") -> Optional[StallObserver]:
+    """The stall and deadlock observer of a process set's coordinator (the global set's: rank 0) as the
+    environment configures it, or None when both are off. ``ranks`` gives the set's global ranks and ``where``
+    names the set in the messages (empty for the global set)."""
+    inspector = from_config(size, ranks, where) if size > 1 else None
+    detector = deadlock_from_config(size, ranks, where)
     if inspector is None and detector is None:
         return None
     return StallObserver(inspector, detector)

@@ -11,9 +11,9 @@ from typing import Optional
 
 from horovod._keras import api as _api
 from horovod._keras import values as _values
-from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.types import Average, ReduceOp
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
+from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compression classes are interchangeable)
     PartialDistributedOptimizer,
     allgather,
