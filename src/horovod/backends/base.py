@@ -8,7 +8,7 @@ implementation here does use a reusable fusion buffer and calls :meth:`Backend.a
 from __future__ import annotations
 
 import abc
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ class Backend(abc.ABC):
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
         self.size = size
-        self._fusion = np.empty(0, np.uint8)
+        self._scratch_buffers: Dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------------ allreduce
     def allreduce(self, inputs: List[np.ndarray], outputs: List[np.ndarray], op: ReduceOp,
@@ -52,16 +52,33 @@ class Backend(abc.ABC):
                 scaled_copy(out, buf[offset:offset + out.size], postscale)
                 offset += out.size
 
+    def adasum(self, inputs: List[np.ndarray], outputs: List[np.ndarray], prescale: float = 1.0,
+               postscale: float = 1.0) -> None:
+        """Adasum of each ``inputs[i]`` across ranks into ``outputs[i]`` (float16/32/64; docs/adasum.md).
+
+        The default runs the Gram-matrix algorithm of :mod:`horovod.backends.adasum` on this plane's alltoallv,
+        allreduce and allgatherv; a rank that joined passes zeros, which leave the others' result unchanged.
+        """
+        from horovod.backends.adasum import adasum_allreduce  # it builds on this module
+
+        adasum_allreduce(self, inputs, outputs, prescale, postscale)
+
     def op_label(self, op: str, nbytes: int) -> str:
         """The timeline's name for this data plane's ``op`` (e.g. ``SHM_ALLREDUCE``, ``MPI_BCAST``)."""
         return f"{self.name.upper()}_{op}"
 
     def fusion_buffer(self, count: int, dtype: np.dtype) -> np.ndarray:
         """A reusable scratch buffer of ``count`` elements (grown on demand, never shrunk)."""
+        return self.scratch("fusion", count, dtype)
+
+    def scratch(self, key: str, count: int, dtype: np.dtype) -> np.ndarray:
+        """A reusable buffer of ``count`` elements named ``key`` (grown on demand, never shrunk)."""
         nbytes = count * np.dtype(dtype).itemsize
-        if self._fusion.nbytes < nbytes:
-            self._fusion = np.empty(max(nbytes, 2 * self._fusion.nbytes), np.uint8)
-        return self._fusion[:nbytes].view(dtype)
+        buf = self._scratch_buffers.get(key)
+        if buf is None or buf.nbytes < nbytes:
+            grown = max(nbytes, 2 * buf.nbytes) if buf is not None else nbytes
+            buf = self._scratch_buffers[key] = np.empty(grown, np.uint8)
+        return buf[:nbytes].view(dtype)
 
     @abc.abstractmethod
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:

@@ -1,11 +1,13 @@
 """The data plane of a job with one rank: every collective is a local copy."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Sequence
 
 import numpy as np
 
+from horovod.backends.adasum import check_dtype
 from horovod.backends.base import Backend
+from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.common.types import ReduceOp
 
 
@@ -19,6 +21,14 @@ class LocalBackend(Backend):
 
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
         return None
+
+    def adasum(self, inputs: List[np.ndarray], outputs: List[np.ndarray], prescale: float = 1.0,
+               postscale: float = 1.0) -> None:
+        """Adasum of one gradient is the gradient: a scaled copy."""
+        check_dtype(inputs[0].dtype)
+        for inp, out in zip(inputs, outputs):
+            scaled_copy(out, inp, prescale)
+            scale_inplace(out, postscale)
 
     def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
         np.copyto(out, inp)

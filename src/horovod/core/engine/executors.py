@@ -49,7 +49,6 @@ def summed(op: int, postscale: float, size: int) -> Tuple[ReduceOp, float]:
 def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
     first = batch[0]
     dtype = numpy_dtype(first.dtype)
-    op, postscale = summed(first.reduce_op, first.postscale, ctx.size)
     inputs, outputs = [], []
     for response, entry in zip(batch, entries):
         if entry is None:           # this rank joined: contribute zeros
@@ -59,7 +58,12 @@ def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
         else:
             inputs.append(entry.tensor.reshape(-1))
             outputs.append(entry.output.reshape(-1))
-    ctx.backend.allreduce(inputs, outputs, op, first.prescale, postscale)
+    if first.reduce_op == ReduceOp.ADASUM:         # scale-invariant: no Average rewrite (docs/adasum.md)
+        with activity(ctx.backend.op_label("ADASUM", sum(a.nbytes for a in inputs))):
+            ctx.backend.adasum(inputs, outputs, first.prescale, first.postscale)
+    else:
+        op, postscale = summed(first.reduce_op, first.postscale, ctx.size)
+        ctx.backend.allreduce(inputs, outputs, op, first.prescale, postscale)
     for entry in entries:
         if entry is not None:
             entry.handle.set_result(entry.index, entry.output)
