@@ -4,9 +4,11 @@ Runs this project's engine under its own ``horovodrun``, and, when installed, ra
 ``mpirun`` and torch.distributed Gloo under ``torchrun``, on the same sizes (4 B to 256 MB), ops (allreduce,
 allgather, broadcast) and rank count. It also times the ResNet-18-sized step: 53 gradients (46 MB)
 allreduced asynchronously, then synchronized, against one raw mpi4py Allreduce of the same 46 MB.
+With ``--adasum`` it also times a 64 MB float32 Adasum allreduce against a Sum allreduce of the same size,
+alternating in the same run (this project only; docs/adasum.md).
 It prints the table and the figures the issues ask for, writes the raw numbers as JSON, and draws a PNG.
 
-    python benchmarks/collectives.py --np 2 [--sizes 4,4096,67108864] [--json out.json] [--plot out.png]
+    python benchmarks/collectives.py --np 2 [--sizes 4,4096,67108864] [--adasum] [--json out.json] [--plot out.png]
 """
 from __future__ import annotations
 
@@ -48,14 +50,15 @@ def _run(cmd: List[str], out: Path, timeout: float) -> Optional[dict]:
     return json.loads(out.read_text())
 
 
-def run_peers(np: int, sizes: List[int], timeout: float) -> Dict[str, dict]:
-    """Measure every available peer; returns peer name -> raw results."""
+def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False) -> Dict[str, dict]:
+    """Measure every available peer; returns peer name -> raw results (``adasum``: add this project's Adasum)."""
     results: Dict[str, dict] = {}
     size_arg = ",".join(str(s) for s in sizes)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "horovod.json"
         got = _run([sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, "-m",
-                    "benchmarks.workers.hvd_collectives", str(out), size_arg], out, timeout)
+                    "benchmarks.workers.hvd_collectives", str(out), size_arg] + (["--adasum"] if adasum else []),
+                   out, timeout)
         if got:
             results["horovod"] = got
         mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
@@ -138,6 +141,10 @@ def figures(results: Dict[str, dict]) -> List[str]:
         if "step_53" in results.get("torch-gloo", {}):
             line += f", torch-gloo 53 async allreduces {results['torch-gloo']['step_53'] * 1e3:.1f} ms"
         out.append(line)
+    adasum = results.get("horovod", {}).get("adasum")
+    if adasum:
+        out.append(f"{adasum['bytes'] >> 20} MB float32 allreduce: Adasum {adasum['adasum'] * 1e3:.1f} ms, Sum "
+                   f"{adasum['sum'] * 1e3:.1f} ms, ratio {adasum['adasum'] / adasum['sum']:.2f} (target <= 2)")
     return out
 
 
@@ -156,10 +163,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="comma-separated byte sizes")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--plot", help="write a PNG plot here")
+    parser.add_argument("--adasum", action="store_true", help="also time a 64 MB Adasum against a 64 MB Sum")
     parser.add_argument("--timeout", type=float, default=900)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    results = run_peers(args.np, [int(s) for s in args.sizes.split(",")], args.timeout)
+    results = run_peers(args.np, [int(s) for s in args.sizes.split(",")], args.timeout, args.adasum)
     print(table(results, args.np))
     print()
     for line in figures(results):

@@ -6,11 +6,26 @@ import sys
 import numpy as np
 
 import horovod.numpy as hvd
-from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
+from benchmarks.workers.timing import SIZES, iterations, measure, resnet18_shapes, sweep, write
 from horovod.core import ops
 
+ADASUM_BYTES = 64 << 20
 
-def main(out: str, sizes) -> None:
+
+def adasum_vs_sum(barrier, nbytes: int = ADASUM_BYTES) -> dict:
+    """Seconds per float32 Adasum allreduce and per Sum allreduce of ``nbytes``, alternating in one run."""
+    x = np.random.default_rng(hvd.rank()).standard_normal(nbytes // 4).astype(np.float32)
+    out = np.empty_like(x)
+    runs = {"adasum": lambda: ops.allreduce_async(x, out, name="bench.adasum", op=hvd.Adasum).wait(),
+            "sum": lambda: ops.allreduce_async(x, out, name="bench.sum", op=hvd.Sum).wait()}
+    samples = {op: [] for op in runs}
+    for _ in range(3):                       # alternate, so that both see the same load on the machine
+        for op, run in runs.items():
+            samples[op].append(measure(run, barrier, iterations(nbytes), repeats=1))
+    return {"bytes": nbytes, **{op: sorted(times)[1] for op, times in samples.items()}}
+
+
+def main(out: str, sizes, adasum: bool = False) -> None:
     hvd.init()
     n, rank = hvd.size(), hvd.rank()
     def make_runs(nbytes: int):
@@ -37,10 +52,13 @@ def main(out: str, sizes) -> None:
             h.wait()
 
     rows["step_53"] = measure(step, barrier, 10, repeats=5)
+    if adasum:
+        rows["adasum"] = adasum_vs_sum(barrier)
     if rank == 0:
         write(out, rows)
     hvd.shutdown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES)
+    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")] if len(sys.argv) > 2 else SIZES,
+         adasum="--adasum" in sys.argv[3:])
