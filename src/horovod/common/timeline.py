@@ -60,8 +60,9 @@ class _Activity:
         self.timeline.end(self.names)
 
 
-class _Batch:
-    """What is executing now on the recording rank: the activities of a data plane apply to these tensors."""
+class _Batch(threading.local):
+    """What is executing now on the recording rank: the activities of a data plane apply to these tensors. Each
+    engine thread (one per process set) has its own."""
 
     timeline: Optional[Timeline] = None
     names: List[str] = []
@@ -85,7 +86,8 @@ def executing(timeline: Optional[Timeline], names: List[str]) -> None:
 
 
 class Timeline:
-    """One timeline file being recorded; every method but :meth:`close` is called by the engine thread."""
+    """One timeline file being recorded; every method but :meth:`close` is called by engine threads (the global
+    set's and those of the process sets this rank coordinates: events are queued on a thread-safe deque)."""
 
     def __init__(self, path: str, mark_cycles: bool = False) -> None:
         self.path = path

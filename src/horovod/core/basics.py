@@ -181,7 +181,11 @@ def _job(topo: topology.Topology, key: bytes, generation: int, bind_addr: str,
 
     def set_observers(ranks: List[int], where: str) -> List[EngineObserver]:
         stall = stall_inspector.observer_from_config(len(ranks), ranks, where)
-        return [stall] if stall is not None else []
+        observers: List[EngineObserver] = [stall] if stall is not None else []
+        recording = timeline_recording.recording(_state.engine) if _state.engine is not None else None
+        if recording is not None:           # the set's tensors go into the timeline being recorded
+            observers.append(timeline_recording.TimelineObserver(recording.timeline, owner=False))
+        return observers
 
     return JobContext(topo, key, generation, bind_addr, mpi, config.get("HOROVOD_START_TIMEOUT"),
                       lambda: _settings(topo), set_observers)
@@ -267,6 +271,34 @@ def engine_for(process_set: Optional[ProcessSet]) -> Engine:
         raise ValueError(f"Rank {_state.topo.rank} is not in {registered.describe()}: only its members may run "
                          "collectives on it. Check process_set.included() before calling the collective.")
     return registered.engine
+
+
+def process_set_ranks(process_set_id: int) -> List[int]:
+    """The global ranks of the registered process set with this id; ValueError for an unknown id."""
+    topo = _topo()
+    if process_set_id == 0:
+        return list(range(topo.size))
+    registered = _state.sets.get(process_set_id)
+    if registered is None:
+        raise ValueError(f"There is no process set with id {process_set_id}: it was never registered, or it was "
+                         "removed. Registered ids: " + ", ".join(map(str, [0, *_state.sets.ids_and_ranks()])) + ".")
+    return list(registered.ranks)
+
+
+def _process_set_rank(process_set_id: int) -> int:
+    """Upstream's private helper: this rank's position in the set, or -1 when it is not a member."""
+    ranks = process_set_ranks(process_set_id)
+    return ranks.index(rank()) if rank() in ranks else -1
+
+
+def _process_set_size(process_set_id: int) -> int:
+    """Upstream's private helper: the number of ranks in the set."""
+    return len(process_set_ranks(process_set_id))
+
+
+def _get_process_set_ids_and_ranks() -> dict:
+    """Upstream's private helper: {process_set_id: ranks} for every registered set, the global one included."""
+    return {0: process_set_ranks(0), **_state.sets.ids_and_ranks()}
 
 
 def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
@@ -416,12 +448,12 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
                          "starts, e.g. `horovodrun --timeline-filename DYNAMIC ...`, to use start_timeline().")
     if not file_path:
         raise ValueError("start_timeline() needs a file path to write the timeline to.")
-    timeline_recording.start_timeline(current, str(file_path), bool(mark_cycles))
+    timeline_recording.start_timeline(current, str(file_path), bool(mark_cycles), _state.sets.engines())
 
 
 def stop_timeline() -> None:
     """Stop recording the timeline and close its file (it stays valid JSON)."""
-    timeline_recording.stop_timeline(engine())
+    timeline_recording.stop_timeline(engine(), _state.sets.engines())
 
 
 def _started(current: Engine) -> Engine:

@@ -47,10 +47,14 @@ def check_array(arr: np.ndarray) -> DataType:
     return data_type_of(arr.dtype)
 
 
+_ADASUM_DTYPES = frozenset({DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64})
+
+
 def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
     op = ReduceOp(op)
-    if op == ReduceOp.ADASUM:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
+    if op == ReduceOp.ADASUM and dtype not in _ADASUM_DTYPES:
+        raise ValueError(f"{what} with op=Adasum needs float16, float32 or float64 tensors, not "
+                         f"{dtype.name.lower()}; cast the tensor, or use op=Sum or Average.")
     if dtype == DataType.BOOL and op in (ReduceOp.AVERAGE,):
         raise ValueError(f"{what} with op=Average is not defined for bool tensors; use Sum (logical or), Min "
                          "(logical and) or Max.")

@@ -80,6 +80,10 @@ class ProcessSetTable:
         """The id of the registered set with exactly these ranks, if any."""
         return next((i for i, s in self._sets.items() if s.ranks == ranks), None)
 
+    def engines(self) -> List[Engine]:
+        """The engines of the sets this rank is a member of."""
+        return [s.engine for s in self._sets.values() if s.engine is not None]
+
     def ids_and_ranks(self) -> Dict[int, List[int]]:
         return {i: list(s.ranks) for i, s in self._sets.items()}
 

@@ -21,8 +21,9 @@ from horovod.core.controller.messages import TensorResponse
 class Executing(Protocol):
     """What an executor needs of the engine."""
 
-    rank: int
+    rank: int               # this rank's position in the process set
     size: int
+    ranks: List[int]        # the set's global ranks, by position
     backend: Backend
 
 
@@ -82,10 +83,11 @@ def allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
 def broadcast(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
     first, entry = batch[0], entries[0]
     out = entry.output
-    if out is not entry.tensor and ctx.rank == first.root:
+    root = ctx.ranks.index(first.root)          # the root is a global rank; the data plane counts in the set
+    if out is not entry.tensor and ctx.rank == root:
         np.copyto(out, entry.tensor)
     with activity(ctx.backend.op_label("BCAST", out.nbytes)):
-        ctx.backend.broadcast(out.reshape(-1), first.root)
+        ctx.backend.broadcast(out.reshape(-1), root)
     entry.handle.set_result(entry.index, out)
 
 

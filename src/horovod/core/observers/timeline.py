@@ -5,7 +5,7 @@ mark their activities on it). Only rank 0 records; on other ranks :func:`start_t
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from horovod.common.timeline import Timeline, executing
 from horovod.common.types import numpy_dtype
@@ -16,10 +16,12 @@ from horovod.core.engine.observer import EngineObserver
 
 
 class TimelineObserver(EngineObserver):
-    """Records negotiations (through the coordinator), cycles, executions and errors into one timeline."""
+    """Records negotiations (through the coordinator), cycles, executions and errors into one timeline. The
+    global set's observer owns the file; process sets coordinated on the same rank record into it too."""
 
-    def __init__(self, timeline: Timeline) -> None:
+    def __init__(self, timeline: Timeline, owner: bool = True) -> None:
         self.timeline = timeline
+        self.owner = owner
 
     def attach(self, coordinator: Optional[Coordinator]) -> None:
         if coordinator is not None:
@@ -48,7 +50,8 @@ class TimelineObserver(EngineObserver):
         self.timeline.flush_soon()
 
     def close(self) -> None:
-        self.timeline.close()
+        if self.owner:
+            self.timeline.close()
 
 
 def recording(engine: Engine) -> Optional[TimelineObserver]:
@@ -56,20 +59,38 @@ def recording(engine: Engine) -> Optional[TimelineObserver]:
     return engine.find_observer(TimelineObserver)
 
 
-def start_timeline(engine: Engine, path: str, mark_cycles: bool = False) -> None:
+def start_timeline(engine: Engine, path: str, mark_cycles: bool = False, sets: Sequence[Engine] = ()) -> None:
     """Record a timeline to ``path`` (rank 0 writes it; other ranks have nothing to record), replacing the one
-    being recorded."""
+    being recorded. ``sets``: this rank's process-set engines; those it coordinates record into the same file."""
     if engine.coordinator is None:
         return
     old = recording(engine)
-    engine.add_observer(TimelineObserver(Timeline(path, mark_cycles)))
+    timeline = Timeline(path, mark_cycles)
+    engine.add_observer(TimelineObserver(timeline))
     if old is not None:
         engine.remove_observer(old)
+    for other in sets:
+        share(other, timeline)
+    if old is not None:
         old.close()
 
 
-def stop_timeline(engine: Engine) -> None:
+def share(engine: Engine, timeline: Timeline) -> None:
+    """Have a process set's engine record into ``timeline`` (a no-op where this rank does not coordinate it)."""
+    if engine.coordinator is None:
+        return
+    old = recording(engine)
+    engine.add_observer(TimelineObserver(timeline, owner=False))
+    if old is not None:
+        engine.remove_observer(old)
+
+
+def stop_timeline(engine: Engine, sets: Sequence[Engine] = ()) -> None:
     """Stop recording and close the file (a no-op when no timeline records)."""
+    for other in sets:
+        old = recording(other)
+        if old is not None:
+            other.remove_observer(old)
     old = recording(engine)
     if old is not None:
         engine.remove_observer(old)
