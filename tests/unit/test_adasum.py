@@ -241,6 +241,16 @@ def test_single_tensors_in_place_and_shorter_than_the_group(planes, kind, size):
     check(backends, gradients(size, [0], np.float32))
 
 
+def test_mpi_plane_runs_the_default_algorithm():
+    # MPI.COMM_SELF: one rank, but the MPI primitives (Alltoallv, float64 Allreduce, Allgatherv) all run.
+    mpi = pytest.importorskip("mpi4py.MPI")
+    from horovod.backends.mpi import MPIBackend
+
+    backend = MPIBackend(mpi.COMM_SELF)
+    for dtype in DTYPES:
+        check([backend], gradients(1, FUSED, dtype), prescale=0.5, postscale=3.0)
+
+
 def test_one_rank_is_a_scaled_copy():
     x = np.arange(10, dtype=np.float32)
     out = np.empty_like(x)
@@ -390,12 +400,13 @@ def test_adasum_is_never_fused_with_sum():
 
 @pytest.mark.parametrize("n", [3, 20])                 # pairwise dots, and one matmul per chunk
 def test_partial_gram_both_routes(n):
-    from horovod.backends.adasum import CHUNK, partial_gram
+    from horovod.backends.adasum import chunk_columns, partial_gram
 
     rng = np.random.default_rng(n)
-    rows = rng.standard_normal((n, CHUNK + 500)).astype(np.float32)
-    pieces = [(0, 0, 10), (2, 10, CHUNK + 500)]
-    gram = partial_gram(rows, pieces, 3, np.empty((n, CHUNK)))
+    columns = chunk_columns(n)
+    rows = rng.standard_normal((n, 2 * columns + 500)).astype(np.float32)
+    pieces = [(0, 0, 10), (2, 10, 2 * columns + 500)]
+    gram = partial_gram(rows, pieces, 3, np.empty((n, columns)))
     wide = rows.astype(np.float64)
     np.testing.assert_allclose(gram[0], wide[:, :10] @ wide[:, :10].T, rtol=1e-12)
     assert not gram[1].any()

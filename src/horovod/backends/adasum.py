@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from horovod.backends.base import Backend
 
 SQRT_DBL_MIN = math.sqrt(sys.float_info.min)       # upstream's sqrt_double_min
-CHUNK = 1 << 16                                     # elements per rank converted to float64 at a time
+WIDE_ELEMENTS = 1 << 19                             # float64 elements converted at a time (4 MiB), all rows
 GEMM_RANKS = 16                                     # above this many rows, one matmul per chunk for the Gram
 ADASUM_DTYPES = frozenset({np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)})
 
@@ -111,9 +111,14 @@ def tensor_pieces(bounds: np.ndarray, lo: int, hi: int) -> List[Piece]:
     return pieces
 
 
-def _chunks(start: int, stop: int):
-    for lo in range(start, stop, CHUNK):
-        yield lo, min(lo + CHUNK, stop)
+def chunk_columns(rows: int) -> int:
+    """Columns converted to float64 at a time for ``rows`` ranks: 4 MiB in all, at least 4096 per row."""
+    return max(4096, WIDE_ELEMENTS // max(rows, 1))
+
+
+def _chunks(start: int, stop: int, step: int):
+    for lo in range(start, stop, step):
+        yield lo, min(lo + step, stop)
 
 
 def _wide(block: np.ndarray, buf: np.ndarray) -> np.ndarray:
@@ -132,7 +137,7 @@ def partial_gram(rows: np.ndarray, pieces: Sequence[Piece], tensors: int, buf: n
     pairs = [(i, j) for i in range(n) for j in range(i, n)]
     for k, start, stop in pieces:
         acc = gram[k]
-        for lo, hi in _chunks(start, stop):
+        for lo, hi in _chunks(start, stop, buf.shape[1]):
             block = _wide(rows[:, lo:hi], buf)
             if n > GEMM_RANKS:
                 acc += block @ block.T
@@ -150,7 +155,7 @@ def combine(weights: np.ndarray, rows: np.ndarray, pieces: Sequence[Piece], out:
     """``out[cols] = weights[k] @ rows[:, cols]`` for each tensor k's columns, in float64, rounded once."""
     for k, start, stop in pieces:
         w = weights[k]
-        for lo, hi in _chunks(start, stop):
+        for lo, hi in _chunks(start, stop, buf.shape[1]):
             block = _wide(rows[:, lo:hi], buf)
             if out.dtype == np.float64:
                 np.dot(w, block, out=out[lo:hi])
@@ -189,11 +194,12 @@ def reduce_vector(data: Backend, gram_plane: Backend, vec: np.ndarray, out: np.n
     data.alltoallv(vec, counts, rows.reshape(-1), [m] * n, max_count=max(counts))
     lo = offset + sum(counts[:rank])
     pieces = tensor_pieces(bounds, lo, lo + m)
-    buf = scratch("adasum.wide", n * CHUNK, np.dtype(np.float64)).reshape(n, CHUNK)
+    columns = chunk_columns(n)
+    buf = scratch("adasum.wide", n * columns, np.dtype(np.float64)).reshape(n, columns)
     gram = _summed_gram(gram_plane, partial_gram(rows, pieces, len(bounds) - 1, buf))
     weights = tree_weights(gram) * scale
     mine = scratch("adasum.result", m, vec.dtype)
-    combine(weights, rows, pieces, mine, buf, scratch("adasum.line", CHUNK, np.dtype(np.float64)))
+    combine(weights, rows, pieces, mine, buf, scratch("adasum.line", columns, np.dtype(np.float64)))
     data.allgatherv(mine, out, counts)
 
 
