@@ -36,6 +36,7 @@ from horovod.tensorflow.mpi_ops import (  # noqa: F401
     _no_autograph,
     _reducescatter,
     _reducescatter_many,
+    _set_size,
     allgather,
     alltoall,
     broadcast,
@@ -81,7 +82,7 @@ def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_f
     indices = allgather(tensor.indices, name=f"{name}.indices" if name else None,
                         ignore_name_scope=ignore_name_scope, process_set=process_set)
     if op == Average:
-        values = values / tf.cast(size(), values.dtype)
+        values = values / tf.cast(_set_size(process_set), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
 
 
@@ -94,7 +95,7 @@ def _grouped_sparse_allreduce(slices: List[tf.IndexedSlices], op, prescale_facto
     indices = grouped_allgather([t.indices for t in slices], name=f"{name}.indices" if name else None,
                                 ignore_name_scope=ignore_name_scope, process_set=process_set)
     if op == Average:
-        values = [v / tf.cast(size(), v.dtype) for v in values]
+        values = [v / tf.cast(_set_size(process_set), v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=t.dense_shape) for v, i, t in zip(values, indices, slices)]
 
 

@@ -116,7 +116,7 @@ class LocalGradientAggregationHelper:
             for a, i in zip(accumulators, present):
                 values[i] = a.read_value()
             reduced = reduce_global_keep_local(self._allreduce_grads, values, vars, self._local_vars,
-                                               self.scale_local_gradients)
+                                               self.scale_local_gradients, self.process_set)
             with tf.control_dependencies([r for r in (reduced[i] for i in present) if r is not None]):
                 reset = self.counter.assign(0, read_value=False)
             with tf.control_dependencies([reset]):

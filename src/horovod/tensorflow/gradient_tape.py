@@ -17,7 +17,7 @@ from horovod.common.gradient_groups import allreduce_in_groups, check_groups, sc
 from horovod.common.types import Average, ReduceOp
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.mpi_ops import _grouped_allreduce, collective_chain, size
+from horovod.tensorflow.mpi_ops import _grouped_allreduce, _set_size, collective_chain
 
 
 def _key(source):
@@ -42,7 +42,9 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
         grads = list(grads)
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        if size() == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
+        # As upstream's _allreduce_cond: nothing to exchange in a set of one rank, and a rank outside the set
+        # keeps its own gradients.
+        if _set_size(process_set) == 1 or not process_set.included():
             return grads
         # In a graph, a graph-unique prefix (the same on every rank that builds the same graph) keeps two
         # optimizers of one graph from submitting the same tensor names at once.
@@ -77,10 +79,11 @@ def _scale_local(grad, divisor: int):
 
 
 def reduce_global_keep_local(allreduce_grads: Callable[[List, Optional[List]], List], grads: Sequence,
-                             sources: Optional[Sequence], local_keys: set, scale_local_gradients: bool) -> List:
+                             sources: Optional[Sequence], local_keys: set, scale_local_gradients: bool,
+                             process_set: ProcessSet) -> List:
     """The gradients to apply: ``allreduce_grads`` of the global sources' gradients, and this rank's own gradient
-    for the sources whose key is in ``local_keys`` (divided by the number of ranks when
-    ``scale_local_gradients``; see the module docstring)."""
+    for the sources whose key is in ``local_keys`` (divided by the number of ranks of ``process_set``, over which
+    the global ones are averaged, when ``scale_local_gradients``; see the module docstring)."""
     grads = list(grads)
     if not local_keys or sources is None:
         return allreduce_grads(grads, None if sources is None else list(sources))
@@ -92,7 +95,7 @@ def reduce_global_keep_local(allreduce_grads: Callable[[List, Optional[List]], L
         reduced = allreduce_grads([grads[i] for i in global_idx], [sources[i] for i in global_idx])
         for i, r in zip(global_idx, reduced):
             out[i] = r
-    divisor = size() if scale_local_gradients else 1
+    divisor = _set_size(process_set) if scale_local_gradients and process_set.included() else 1
     for i, is_local in enumerate(local):
         if is_local:
             out[i] = _scale_local(grads[i], divisor)
@@ -124,7 +127,7 @@ class _DistributedGradientTape(tf.GradientTape):
         flat = tf.nest.flatten(gradients, expand_composites=False)
         aligned = flat_sources if len(flat_sources) == len(flat) else None
         reduced = reduce_global_keep_local(self._allreduce_grads, flat, aligned, self._local_sources,
-                                           self.scale_local_gradients)
+                                           self.scale_local_gradients, self.process_set)
         return tf.nest.pack_sequence_as(gradients, reduced)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):

@@ -127,6 +127,21 @@ def _zeros_for_none(grads, like):
     return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
 
 
+def _set_size(process_set: ProcessSet) -> int:
+    """The number of ranks in ``process_set`` (the job's for the global set)."""
+    if process_set is None or process_set.process_set_id in (0, None):
+        return size()
+    return process_set.size()
+
+
+def _set_rank(process_set: ProcessSet) -> Optional[int]:
+    """This rank's position in ``process_set`` (its global rank for the global set); None when it is not a
+    member (the collective itself then raises, naming the set)."""
+    if process_set is None or process_set.process_set_id in (0, None):
+        return rank()
+    return process_set.rank()
+
+
 def _no_adasum(op: ReduceOp) -> ReduceOp:
     op = ReduceOp(op)
     if op == Adasum:
@@ -148,8 +163,11 @@ def _scalar_op(value_fn: Callable[[], int], name: Optional[str]) -> tf.Tensor:
 
 @_no_autograph
 def size_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """An int32 scalar with the number of ranks, read when the op runs (not when it is traced)."""
-    return _scalar_op(basics.size, name)
+    """An int32 scalar with the number of ranks in the process set (the job by default), read when the op runs
+    (not when it is traced)."""
+    if process_set_id == 0:
+        return _scalar_op(basics.size, name)
+    return _scalar_op(lambda: basics._process_set_size(process_set_id), name)
 
 
 @_no_autograph
@@ -172,10 +190,8 @@ def local_rank_op(name: Optional[str] = None) -> tf.Tensor:
 
 @_no_autograph
 def process_set_included_op(process_set_id: int = 0, name: Optional[str] = None) -> tf.Tensor:
-    """An int32 scalar: 1 if this rank belongs to the process set (only the global set exists: always 1)."""
-    if process_set_id != 0:
-        raise NotImplementedError("only the global process set is available in this release")
-    return _scalar_op(lambda: 1, name)
+    """An int32 scalar: 1 if this rank belongs to the process set, else 0 (read when the op runs)."""
+    return _scalar_op(lambda: int(basics._process_set_rank(process_set_id) >= 0), name)
 
 
 # ---------------------------------------------------------------------------------------------- allreduce
@@ -235,7 +251,8 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
 
 # ---------------------------------------------------------------------------------------------- allgather
 def _gather_grad_compute(rank_: int, names: List[str], dims_names: List[str], process_set):
-    """Backward of (grouped) allgather in one callback: average each gradient, keep this rank's rows."""
+    """Backward of (grouped) allgather in one callback: average each gradient over the set, keep the rows of
+    ``rank_`` (this rank's position in the set)."""
     def compute(outputs, *arrays):
         n = len(arrays) // 2
         grads, dims = arrays[:n], arrays[n:]
@@ -255,7 +272,7 @@ def _allgather_grads(dys, xs, ignore_name_scope, process_set):
     names = [_name("allreduce", None, ignore_name_scope) for _ in dys]
     dims_names = [_name("allgather", None, ignore_name_scope) for _ in dys]
     dims = [tf.shape(x, out_type=tf.int64)[0] for x in xs]
-    outs = _call(_gather_grad_compute(rank(), names, dims_names, process_set), [*dys, *dims],
+    outs = _call(_gather_grad_compute(_set_rank(process_set), names, dims_names, process_set), [*dys, *dims],
                  [x.dtype for x in xs], "HorovodAllgatherGrad")
     return [_set_shape(o, x.shape) for o, x in zip(outs, xs)]
 
@@ -403,7 +420,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
             ))
         splits_t = tf.reshape(tf.cast(splits_t, tf.int32), [-1])
     full = _name("alltoall", name, ignore_name_scope)
-    n = size()
+    n = _set_size(process_set)
     received_out: List[tf.Tensor] = []
 
     def compute(outputs, a, sp):
@@ -426,10 +443,11 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
 
 
 # ---------------------------------------------------------------------------------------------- reducescatter
-def _scatter_rows(shape: tf.TensorShape):
-    if shape.rank is None or shape[0] is None:
+def _scatter_rows(shape: tf.TensorShape, process_set: ProcessSet):
+    """This rank's rows of a reducescatter of ``shape`` over ``process_set`` (None when unknown)."""
+    n, r = _set_size(process_set), _set_rank(process_set)
+    if shape.rank is None or shape[0] is None or r is None:
         return None
-    n, r = size(), rank()
     return shape[0] // n + (1 if r < shape[0] % n else 0)
 
 
@@ -437,7 +455,7 @@ def _reducescatter_grads(dys, xs, op, prescale_factor, postscale_factor, ignore_
     """Upstream's backward: the gradient times the set size (op Sum), times the prescale and postscale factors,
     then allgathered."""
     if op == Sum:
-        dys = [d * size() for d in dys]
+        dys = [d * _set_size(process_set) for d in dys]
     if prescale_factor != 1.0:
         dys = [d * prescale_factor for d in dys]
     if postscale_factor != 1.0:
@@ -476,7 +494,7 @@ def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ig
                                             outputs.allocator(0), process_set=process_set).wait()]
 
         outs = _call(compute, xs, [x.dtype for x in xs], "HorovodReducescatter")
-        outs = [_set_shape(o, _rows_shape(x.shape, _scatter_rows(x.shape))) for o, x in zip(outs, xs)]
+        outs = [_set_shape(o, _rows_shape(x.shape, _scatter_rows(x.shape, process_set))) for o, x in zip(outs, xs)]
 
         def grad(*dys):
             return _reducescatter_grads(_zeros_for_none(dys, outs), xs, op, prescale_factor, postscale_factor,

@@ -69,7 +69,7 @@ class _DistributedOptimizer(_LegacyOptimizer):
             reduced = self._agg_helper.compute_gradients(grads, variables)
         else:
             reduced = reduce_global_keep_local(self._allreduce_grads, grads, variables, self._local_vars,
-                                               self.scale_local_gradients)
+                                               self.scale_local_gradients, self.process_set)
         return list(zip(reduced, variables))
 
     def apply_gradients(self, *args, **kwargs):

@@ -22,6 +22,7 @@ from horovod.torch.async_ops import (
     grouped_allreduce_async,
     grouped_allreduce_async_,
     grouped_reducescatter_async,
+    process_set_rank,
     process_set_size,
     reducescatter_async,
 )
@@ -116,7 +117,7 @@ class HorovodAllgather(torch.autograd.Function):
     def backward(ctx, grad_output):
         reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
         dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set))
-        offset = int(dims[: rank()].sum()) if rank() > 0 else 0
+        offset = int(dims[: process_set_rank(ctx.process_set)].sum())
         return reduced.narrow(0, offset, ctx.dim), None, None
 
 
@@ -140,7 +141,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
         reduced = grouped_allreduce([g.contiguous() for g in grads], op=Average, process_set=ctx.process_set)
         dims = synchronize(grouped_allgather_async([torch.tensor([d], dtype=torch.int64) for d in ctx.dims],
                                                    process_set=ctx.process_set))
-        me = rank()
+        me = process_set_rank(ctx.process_set)
         offsets = [int(d[:me].sum()) for d in dims]
         return (None, None, *[r.narrow(0, offset, dim) for r, offset, dim in zip(reduced, offsets, ctx.dims)])
 

@@ -134,9 +134,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
     return ops.broadcast_object(obj, root_rank, name, process_set)
 
 
-def allgather_object(obj: Any, name: Optional[str] = None) -> List[Any]:
-    """Gather one picklable object from every rank, as a list indexed by rank."""
-    return ops.allgather_object(obj, name)
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Gather one picklable object from every rank of ``process_set`` (the job by default), as a list in the
+    order of the set's ranks. ``process_set`` is ours: upstream's torch version has only ``obj`` and ``name``."""
+    return ops.allgather_object(obj, name, process_set)
 
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object", "rank"]

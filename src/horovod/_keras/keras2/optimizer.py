@@ -102,7 +102,7 @@ class _State:
         if not self.settings.process_set.included():
             return list(grads)
         return reduce_global_keep_local(self.allreduce_grads, grads, variables, self.local_keys,
-                                        self.settings.scale_local_gradients)
+                                        self.settings.scale_local_gradients, self.settings.process_set)
 
     def _initialize_helper_in_session(self) -> None:
         """Graph-mode Keras initializes only global variables; the helper's accumulators are local ones, so they
