@@ -158,9 +158,6 @@ class DDPBackend(Backend):
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     """Run the benchmark; returns the numbers (rank 0's are the ones reported)."""
     backend: Backend = DDPBackend() if args.ddp else HorovodBackend()
-    if args.use_adasum:
-        raise NotImplementedError("--use-adasum: the Adasum reduction is not available in this release yet "
-                                  "(use the default op=Average).")
     rank, size = backend.rank(), backend.size()
     torch.set_num_threads(args.num_threads)
     cuda = not args.no_cuda and torch.cuda.is_available()
@@ -227,7 +224,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--num-iters", type=int, default=10)
     parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression during allreduce")
     parser.add_argument("--no-cuda", action="store_true", help="disable CUDA even if it is available")
-    parser.add_argument("--use-adasum", action="store_true", help="Adasum reduction (not available yet)")
+    parser.add_argument("--use-adasum", action="store_true", help="combine updates with the Adasum reduction")
     parser.add_argument("--ddp", action="store_true",
                         help="torch DistributedDataParallel over gloo instead of Horovod (launch with torchrun)")
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads per rank")

@@ -137,7 +137,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--num-iters", type=int, default=10)
     parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression during allreduce")
     parser.add_argument("--no-cuda", action="store_true", help="disable the GPU even if one is available")
-    parser.add_argument("--use-adasum", action="store_true", help="Adasum reduction (not available yet)")
+    parser.add_argument("--use-adasum", action="store_true", help="combine gradients with the Adasum reduction")
     parser.add_argument("--num-threads", type=int, default=1, help="TensorFlow intra-op threads per rank")
     parser.add_argument("--num-interop-threads", type=int, default=1,
                         help="TensorFlow inter-op threads per rank (0: TensorFlow's default, one per core)")

@@ -33,6 +33,9 @@ EXPECT = "HVD_TEST_EXPECT_DATA_PLANE"       # test_allreduce.py (and the workers
 FORCE_MPI = {"HOROVOD_CPU_OPERATIONS": "mpi", EXPECT: "mpi"}
 MAIN = ["test_allreduce.py", "test_allgather.py", "test_broadcast.py", "test_reducescatter.py", "test_alltoall.py"]
 CORE = MAIN + ["test_join_barrier.py", "test_errors.py"]
+# The bindings' Adasum files (upstream's Adasum tests run only under MPI): on the MPI plane, at a power of two
+# and at the documented fold.
+ADASUM = [("test_torch_adasum.py", "torch"), ("test_tensorflow_adasum.py", "tensorflow")]
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +57,14 @@ def lines_of(result, np_):
 def test_core_files_under_mpirun_on_the_mpi_plane(np_, test_file):
     run_parallel_tests(np_, test_file, env=FORCE_MPI, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,
                        launcher="mpirun")
+
+
+@pytest.mark.parametrize("test_file,framework", ADASUM, ids=[f for f, _ in ADASUM])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_adasum_files_under_mpirun_on_the_mpi_plane(np_, test_file, framework):
+    pytest.importorskip(framework)
+    run_parallel_tests(np_, test_file, env={**FORCE_MPI, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=JOB_TIMEOUT,
+                       pytest_args=["--timeout=60"], launcher="mpirun")
 
 
 @pytest.mark.parametrize("test_file", MAIN)

@@ -50,6 +50,21 @@ def test_apply_reduces_gradients(op_name):
     assert int(value(opt.iterations)) == 1
 
 
+def test_adasum_combines_each_gradient_with_adasum():
+    """On every backend: per variable, the update is -lr * Adasum of the ranks' gradients (the reference in
+    tests/support/adasum_reference.py). The odd ranks' gradients are shifted, so that they are not parallel to
+    the even ranks' (Adasum would then just weigh them)."""
+    from tests.support.adasum_reference import adasum
+
+    variables = [keras.Variable(np.zeros(s, np.float32)) for s in [(2, 3), (4,)]]
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), op=hvd.Adasum)
+    skew = [np.float32(1.0), np.float32(-0.5)]
+    grads = [[rank_grad(v.shape, r) + (r % 2) * skew[i] for r in range(hvd.size())] for i, v in enumerate(variables)]
+    apply_once(opt, [g[hvd.rank()] for g in grads], variables)
+    for v, per_rank in zip(variables, grads):
+        np.testing.assert_allclose(value(v), -adasum(per_rank), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("options", [dict(gradient_predivide_factor=4.0), dict(groups=2),
                                      dict(compression=hvd.Compression.fp16), dict(num_groups=3)],
                          ids=["predivide", "int-groups", "fp16", "num_groups"])
@@ -170,8 +185,13 @@ def test_broadcast_variables_and_load_model(tmp_path):
 
 
 def test_argument_errors_tell_what_to_do():
-    with pytest.raises(ValueError, match="op currently only supports Average and Sum"):
-        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)
+    from horovod.common.types import ReduceOp
+
+    with pytest.raises(ValueError, match="op currently only supports Average, Sum and Adasum, got MAX"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=ReduceOp.MAX)
+    with pytest.raises(ValueError, match="Adasum does not support average_aggregated_gradients == True"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum, backward_passes_per_step=2,
+                                 average_aggregated_gradients=True)
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
         hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Sum, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="expects a Keras 3 optimizer"):

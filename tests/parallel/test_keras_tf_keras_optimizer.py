@@ -258,8 +258,12 @@ def test_load_model_rewraps_the_optimizer(kind, suffix, saved_by_horovod, tmp_pa
 
 
 def test_errors_tell_what_to_do():
-    with pytest.raises(ValueError, match="op currently only supports Average and Sum"):
-        hvd.DistributedOptimizer(sgd("legacy", 0.1), op=hvd_keras.Adasum)
+    from horovod.common.types import ReduceOp
+
+    with pytest.raises(ValueError, match="op currently only supports Average, Sum and Adasum, got MIN"):
+        hvd.DistributedOptimizer(sgd("legacy", 0.1), op=ReduceOp.MIN)
+    with pytest.raises(ValueError, match="Adasum does not support average_aggregated_gradients == True"):
+        hvd.DistributedOptimizer(sgd("v2", 0.1), op=hvd_keras.Adasum, average_aggregated_gradients=True)
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
         hvd.DistributedOptimizer(sgd("v2", 0.1), op=hvd.Sum, gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="backward_passes_per_step must be >= 1"):

@@ -369,8 +369,8 @@ def test_unsupported_dtype_raises_locally():
         hvd.allreduce(tf.constant(["a"]))
     with pytest.raises(ValueError, match="not supported"):
         hvd.allreduce(tf.constant([True]))
-    with pytest.raises(NotImplementedError):
-        hvd.allreduce(tf.ones([2]), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="op=Adasum needs float16, float32 or float64 tensors"):
+        hvd.allreduce(tf.ones([2], tf.int32), op=hvd.Adasum)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])

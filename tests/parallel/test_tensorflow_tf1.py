@@ -241,11 +241,16 @@ def test_broadcast_global_variables_refuses_eager_mode():
                                "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead.")
 
 
-def test_unsupported_optimizers_and_adasum_are_refused_with_a_reason():
+def test_unsupported_optimizers_and_arguments_are_refused_with_a_reason():
     with pytest.raises(ValueError, match="doesn't inherit from either legacy TensorFlow or Keras optimizer"):
         hvd.DistributedOptimizer(object())
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0), op=hvd.Adasum)
+    # Adasum is available (test_tensorflow_adasum.py), but not with upstream's refused combinations.
+    with pytest.raises(ValueError, match="Adasum does not support average_aggregated_gradients == True"):
+        hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0), op=hvd.Adasum,
+                                 average_aggregated_gradients=True)
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
+        hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0), op=hvd.Adasum,
+                                 gradient_predivide_factor=2.0)
     with pytest.raises(ValueError, match="backward_passes_per_step must be a positive integer"):
         hvd.DistributedOptimizer(v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=0)
 

@@ -156,9 +156,19 @@ def test_reducescatter_rejects_other_ops_with_runtime_error(op_name):
             call()
 
 
-def test_adasum_is_not_available():
-    with pytest.raises(NotImplementedError):
-        hvd.allreduce(torch.ones(4), op=hvd.Adasum)
+def test_adasum_runs_and_its_misuse_is_reported():
+    # Adasum is available (see test_torch_adasum.py for its values): equal tensors everywhere give that tensor.
+    t = torch.arange(4, dtype=torch.float32)
+    assert torch.equal(hvd.allreduce(t, op=hvd.Adasum, name="t.adasum"), t)
+    # Integer tensors are refused at the call, as upstream supports floating types only.
+    with pytest.raises(ValueError, match="op=Adasum needs float16, float32 or float64 tensors, not int64"):
+        hvd.allreduce(torch.ones(4, dtype=torch.int64), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="op=Adasum needs float16"):
+        hvd.grouped_allreduce_async([t, torch.ones(2, dtype=torch.int32)], op=hvd.Adasum)
+    # Ranks that disagree about the op fail on every rank, naming the tensor.
+    if hvd.size() > 1:
+        op = hvd.Adasum if hvd.rank() == 0 else hvd.Sum
+        fails_everywhere(lambda: hvd.allreduce(t, op=op, name="t.adasum.mismatch"), "t.adasum.mismatch")
 
 
 def test_many_errors_in_a_row_then_normal_work():

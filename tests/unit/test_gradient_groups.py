@@ -14,8 +14,9 @@ class Param:
 def test_scale_factors_split_the_average_around_the_sum():
     assert scale_factors(Average, 4.0) == (0.25, 4.0)
     assert scale_factors(Sum, 1.0) == (1.0, 1.0)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        scale_factors(Adasum, 2.0)          # Adasum is reported before the predivide factor
+    assert scale_factors(Adasum, 1.0) == (1.0, 1.0)     # no predivide, no average: Adasum weighs itself
+    with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
+        scale_factors(Adasum, 2.0)
     with pytest.raises(ValueError, match="gradient_predivide_factor not supported with op != Average"):
         scale_factors(Sum, 2.0)
 

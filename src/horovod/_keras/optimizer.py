@@ -6,6 +6,8 @@ class, e.g. ``Adam``; ``hvd.load_model`` wraps it again). The hook is ``apply(gr
 Keras' trainers call on every backend (``apply_gradients`` and the JAX trainer's ``stateless_apply`` go
 through it), so the same class works in ``model.fit`` and in a custom loop.
 
+- ``op``: Average (default), Sum, or Adasum, which combines the gradients with Adasum (per tensor, unscaled;
+  docs/adasum.md). Upstream's Keras wrappers refuse Adasum; its gradient-tape path computes exactly this.
 - Dense gradients go out as grouped allreduces (one negotiated, fused unit each; one group unless ``groups``);
   ``tf.IndexedSlices`` become two allgathers unless ``sparse_as_dense``.
 - ``backward_passes_per_step=N`` sums the gradients locally for N calls and allreduces and applies on the N-th
@@ -23,7 +25,7 @@ import keras
 
 from horovod._keras import backend_ops
 from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_groups, scale_factors
-from horovod.common.types import Average, ReduceOp, Sum
+from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.core.process_sets import ProcessSet, global_process_set
 
 
@@ -44,11 +46,14 @@ class _Settings:
     local_ids: Set[int] = field(default_factory=set)
 
 
-def _check_op(op: ReduceOp) -> ReduceOp:
+def _check_op(op: ReduceOp, average_aggregated_gradients: bool) -> ReduceOp:
+    """Average, Sum or Adasum (upstream's Keras wrappers refuse Adasum; here the gradients are combined with it,
+    as upstream's DistributedGradientTape does)."""
     op = ReduceOp(op)
-    if op not in (Average, Sum):
-        raise ValueError(f"op currently only supports Average and Sum, got {op.name}. The Adasum reduction is "
-                         "not supported with Keras.")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"op currently only supports Average, Sum and Adasum, got {op.name}.")
+    if op == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     return op
 
 
@@ -172,7 +177,7 @@ def settings_for(name: Optional[str] = None, compression: Any = None, sparse_as_
 
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    op = _check_op(op)
+    op = _check_op(op, average_aggregated_gradients)
     prescale, postscale = scale_factors(op, gradient_predivide_factor)
     return _Settings(name=name or "DistributedOptimizer", compression=compression or Compression.none,
                      sparse_as_dense=sparse_as_dense, op=op, prescale=prescale, postscale=postscale,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
 
-from horovod.common.types import Adasum, Average, ReduceOp
+from horovod.common.types import Average, ReduceOp
 from horovod.common.util import split_list
 
 Groups = Union[None, int, Sequence[Sequence[object]]]
@@ -29,11 +29,10 @@ def check_predivide(op: ReduceOp, gradient_predivide_factor: float) -> None:
 
 def scale_factors(op: ReduceOp, gradient_predivide_factor: float) -> Tuple[float, float]:
     """(prescale, postscale) for a gradient allreduce: Average divides by ``gradient_predivide_factor`` before the
-    sum and multiplies it back after (the engine's Average then divides by the size)."""
+    sum and multiplies it back after (the engine's Average then divides by the size). Every other op, Adasum
+    included, is unscaled (upstream's ``_make_cached_allreduce_grads_fn``): Adasum is scale-invariant and does
+    its own weighting, so neither a predivide factor nor an average applies to it."""
     op = ReduceOp(op)
-    if op == Adasum:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; "
-                                  "use op=hvd.Average or op=hvd.Sum.")
     check_predivide(op, gradient_predivide_factor)
     if op == Average:
         return 1.0 / gradient_predivide_factor, gradient_predivide_factor

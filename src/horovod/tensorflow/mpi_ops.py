@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import types as _types
-from horovod.common.types import Adasum, Average, ReduceOp, Sum
+from horovod.common.types import Adasum, Average, ReduceOp, Sum  # noqa: F401  (Adasum: re-exported)
 from horovod.common.util import get_average_backwards_compatibility_fun, num_rank_is_power_2
 from horovod.core import basics, ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names, re-exported as upstream's mpi_ops does)
@@ -142,16 +142,6 @@ def _set_rank(process_set: ProcessSet) -> Optional[int]:
     return process_set.rank()
 
 
-def _no_adasum(op: ReduceOp) -> ReduceOp:
-    op = ReduceOp(op)
-    if op == Adasum:
-        raise errors.make(errors.UnimplementedError, (
-            "The Adasum reduction is not available in this release yet; use "
-            "op=Average or Sum."
-        ))
-    return op
-
-
 # ---------------------------------------------------------------------------------------------- size ops
 def _scalar_op(value_fn: Callable[[], int], name: Optional[str]) -> tf.Tensor:
     if tf.executing_eagerly():
@@ -201,7 +191,7 @@ def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Differentiable allreduce of one dense tensor (the op layer's op; Average divides by the set size)."""
     tensor = _tensor(tensor, _REDUCE_DTYPES, "allreduce")
-    op = _no_adasum(op)
+    op = ReduceOp(op)
     full = _name("allreduce", name, ignore_name_scope)
 
     def fwd(x):
@@ -227,7 +217,7 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
     tensors = [_tensor(t, _REDUCE_DTYPES, "grouped_allreduce") for t in tensors]
     if not tensors:
         return []
-    op = _no_adasum(op)
+    op = ReduceOp(op)
     base = _name("grouped_allreduce", name, ignore_name_scope)
 
     def fwd(*xs):

@@ -13,8 +13,10 @@ from typing import Optional
 
 import tensorflow as tf
 
+from horovod.common.gradient_groups import check_predivide
 from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.tensorflow.adasum_optimizer import _DistributedAdasumOptimizer
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, reduce_global_keep_local
@@ -113,6 +115,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     - A ``tf.compat.v1.train.Optimizer`` (TF1 graph mode, or eagerly with a callable loss) becomes a
       ``tf.compat.v1.train.Optimizer`` whose ``compute_gradients`` allreduces.
     - A Keras optimizer is handed to ``horovod.tensorflow.keras.DistributedOptimizer``.
+    - ``op=hvd.Adasum`` with a TF1 optimizer gives upstream's delta optimizer (``adasum_optimizer``): each rank
+      applies its own gradients and the weight deltas are combined with Adasum every
+      ``backward_passes_per_step`` steps. A Keras optimizer combines its gradients with Adasum instead.
 
     ``backward_passes_per_step``: accumulate that many steps' gradients locally and allreduce and apply them on
     the last one (summed, or averaged with ``average_aggregated_gradients``). ``groups``: an int (that many
@@ -125,10 +130,14 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
         raise ValueError("groups should be an int or a list of lists of tf.Variable")
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step}")
-    if ReduceOp(op) == Adasum:
-        raise NotImplementedError("The Adasum reduction (upstream's _DistributedAdasumOptimizer) is not available "
-                                  "in this release yet; use op=hvd.Average or op=hvd.Sum.")
+    check_predivide(op, gradient_predivide_factor)
+    if ReduceOp(op) == Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if isinstance(optimizer, _LegacyOptimizer):
+        if ReduceOp(op) == Adasum:
+            return _DistributedAdasumOptimizer(optimizer, name=name, use_locking=use_locking, compression=compression,
+                                               backward_passes_per_step=int(backward_passes_per_step),
+                                               process_set=process_set)
         return _DistributedOptimizer(optimizer, name=name, use_locking=use_locking, compression=compression,
                                      sparse_as_dense=sparse_as_dense, op=op,
                                      gradient_predivide_factor=gradient_predivide_factor,

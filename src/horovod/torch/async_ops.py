@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from horovod.common import types as _types
-from horovod.common.types import Adasum, Average, ReduceOp, Sum
+from horovod.common.types import Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.core import ops
 from horovod.core.basics import rank, size
@@ -40,8 +40,6 @@ def _name(op: str, name: Optional[str]) -> str:
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: ReduceOp,
                      prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> int:
     check_tensor(tensor, REDUCE_DTYPES, "allreduce")
-    if op == Adasum:
-        raise NotImplementedError("The Adasum reduction is not available in this release yet; use op=Average or Sum.")
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
     array_in = numpy_view(host_in)

@@ -17,6 +17,7 @@ import torch
 from horovod.common import config
 from horovod.common.gradient_groups import check_predivide, fixed_groups, scale_factors
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
     Adasum,
@@ -26,6 +27,14 @@ from horovod.torch.mpi_ops import (
     size,
     sparse_allreduce_async,
     synchronize,
+)
+from horovod.torch.optimizer_parts import (
+    check_nothing_pending,
+    checked_named_parameters,
+    count_backward_pass,
+    find_duplicates,
+    register_gradient_hooks,
+    set_passes,
 )
 
 log = logging.getLogger("horovod.torch")
@@ -38,27 +47,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v) for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
-                             "by model.named_parameters().")
-        duplicates = _DistributedOptimizer.find_duplicates([k for k, _ in named_parameters])
-        if duplicates:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                             + ", ".join(sorted(duplicates)))
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [p for p in all_params if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                             "Python object ids: " + ", ".join(str(id(p)) for p in unnamed))
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        named_parameters = checked_named_parameters(self.param_groups, named_parameters)
+        self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step for _, v in sorted(named_parameters,
-                                                                                  key=lambda kv: kv[0])}
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
@@ -78,27 +70,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @staticmethod
     def find_duplicates(lst) -> set:
         """The elements of ``lst`` that occur more than once (upstream's helper)."""
-        seen, duplicates = set(), set()
-        for element in lst:
-            if element in seen:
-                duplicates.add(element)
-            seen.add(element)
-        return duplicates
+        return find_duplicates(lst)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Change how many backward passes accumulate locally before gradients are allreduced."""
-        if passes <= 0:
-            raise ValueError("backward_passes_per_step must be > 0")
-        self.backward_passes_per_step = passes
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
+        set_passes(self, passes)
 
     def _register_hooks(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._requires_update.add(p)
-                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+        register_gradient_hooks(self)
 
     # ----------------------------------------------------------------- allreduce
     def _scale_factors(self) -> Tuple[float, float]:
@@ -144,16 +123,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p: torch.Tensor):
         def hook(*_ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times before call to step(). "
-                        "Increase backward_passes_per_step to accumulate gradients locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if count_backward_pass(self._handles, self._allreduce_delay, p):
                 group_index = self._group_of.get(p)
                 if group_index is None:
                     handle, ctx = self._allreduce_grad_async(p)
@@ -245,10 +216,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step()
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can cause "
-                                 "a race condition.")
+        check_nothing_pending(self._handles)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
@@ -276,11 +244,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     (an int, or lists of parameters) allreduces parameters together. Sparse gradients (``nn.Embedding(...,
     sparse=True)``) are allreduced as an allgather of their indices and values; ``sparse_as_dense=True``
     allreduces their dense form instead, and either way the optimizer steps on a sparse gradient.
+
+    ``op=hvd.Adasum`` (on more than one rank) gives upstream's delta optimizer instead: each rank steps the
+    wrapped optimizer on its own gradients as soon as they are ready, and the weight deltas are combined with
+    Adasum (see ``horovod.torch.adasum_optimizer`` and docs/adasum.md); ``skip_synchronize`` is refused there.
     """
-    check_predivide(op, gradient_predivide_factor)       # upstream's order: this ValueError before Adasum's
-    if op == Adasum:
-        raise NotImplementedError("DistributedOptimizer with op=Adasum is not available in this release yet; "
-                                  "use op=Average.")
+    check_predivide(op, gradient_predivide_factor)
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning, stacklevel=2)
@@ -288,6 +257,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             groups = num_groups
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
+    if op == Adasum and size() > 1:
+        # Upstream's delta optimizer: each rank steps locally, the weight deltas are combined with Adasum.
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set)
