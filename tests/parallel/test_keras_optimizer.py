@@ -65,6 +65,21 @@ def test_adasum_combines_each_gradient_with_adasum():
         np.testing.assert_allclose(value(v), -adasum(per_rank), rtol=1e-5, atol=1e-6)
 
 
+def test_process_set_averages_over_the_set_and_scales_local_gradients_by_its_size():
+    """On every backend: the even and the odd ranks each average over their own set (of unequal sizes at 3
+    ranks); a local layer's gradient is divided by the set's size, not the job's."""
+    from tests.support.process_sets import even_odd_sets
+
+    for ps, _ in even_odd_sets():
+        shared, local = keras.Variable(np.zeros(3, np.float32)), keras.Variable(np.zeros(2, np.float32))
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0), process_set=ps)
+        opt.register_local_var(local)
+        apply_once(opt, [rank_grad((3,), hvd.rank()), rank_grad((2,), hvd.rank())], [shared, local])
+        mean = sum(rank_grad((3,), r) for r in ps.ranks) / ps.size()
+        np.testing.assert_allclose(value(shared), -mean, rtol=1e-6)
+        np.testing.assert_allclose(value(local), -rank_grad((2,), hvd.rank()) / ps.size(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("options", [dict(gradient_predivide_factor=4.0), dict(groups=2),
                                      dict(compression=hvd.Compression.fp16), dict(num_groups=3)],
                          ids=["predivide", "int-groups", "fp16", "num_groups"])
