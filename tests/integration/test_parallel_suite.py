@@ -31,10 +31,17 @@ def test_parallel(np_, test_file):
     run_parallel_tests(np_, test_file, env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
 
 
-@pytest.mark.parametrize("test_file", MAIN + ["test_join_barrier.py", "test_errors.py"])
+@pytest.mark.parametrize("test_file", MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py"])
 def test_parallel_hierarchical_two_hosts(test_file):
     result = run_parallel_tests(4, test_file, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=JOB_TIMEOUT,
                                 pytest_args=PER_TEST_TIMEOUT)
+    assert "[3]<stdout>" in result.stdout
+
+
+def test_hierarchical_adasum_two_hosts():
+    """HOROVOD_HIERARCHICAL_ALLREDUCE=1: sum inside each host, Adasum across hosts (test_adasum.py expects it)."""
+    result = run_parallel_tests(4, "test_adasum.py", hosts=TWO_HOSTS, env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
+                                timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
     assert "[3]<stdout>" in result.stdout
 
 

@@ -210,11 +210,19 @@ def test_unsupported_dtype_raises_value_error(dtype):
         hvd.broadcast(t, 0)
 
 
-def test_adasum_raises_not_implemented():
-    with pytest.raises(NotImplementedError):
-        hvd.allreduce(np.ones(4, np.float32), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError):
-        hvd.grouped_allreduce([np.ones(4, np.float32)], op=hvd.Adasum)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_], ids=str)
+def test_adasum_of_a_non_float_tensor_says_which_dtypes_it_takes(dtype):
+    for call in (lambda: hvd.allreduce(np.ones(4, dtype), op=hvd.Adasum),
+                 lambda: hvd.grouped_allreduce([np.ones(4, np.float32), np.ones(4, dtype)], op=hvd.Adasum)):
+        with pytest.raises(ValueError, match="op=Adasum needs float16, float32 or float64 tensors"):
+            call()
+
+
+def test_reducescatter_refuses_adasum():
+    for call in (lambda: hvd.reducescatter(np.ones(4, np.float32), op=hvd.Adasum),
+                 lambda: hvd.grouped_reducescatter([np.ones(4, np.float32)], op=hvd.Adasum)):
+        with pytest.raises(ValueError, match="reducescatter supports op=Sum and op=Average, not Adasum"):
+            call()
 
 
 def test_not_an_array_raises_value_error():

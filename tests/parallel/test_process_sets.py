@@ -12,8 +12,7 @@ import pytest
 
 import horovod.numpy as hvd
 from horovod.common.exceptions import HorovodInternalError
-
-os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"     # read when a set is added, as upstream
+from tests.support.process_sets import temporary_sets  # turns dynamic process sets on, as upstream's files do
 
 
 def halves():
@@ -109,8 +108,7 @@ def test_overlapping_sets_and_the_same_name_in_two_sets_at_once():
     size, rank = hvd.size(), hvd.rank()
     if size < 3:
         pytest.skip("needs 3 ranks for two overlapping sets that differ from the global set")
-    low, high = hvd.add_process_set([0, 1]), hvd.add_process_set(list(range(1, size)))
-    try:
+    with temporary_sets([0, 1], range(1, size)) as (low, high):
         handles = []
         for ps in (low, high):               # rank 1 is in both: the same name is in flight in both sets
             if ps.included():
@@ -118,8 +116,6 @@ def test_overlapping_sets_and_the_same_name_in_two_sets_at_once():
                                                         process_set=ps)))
         for ps, handle in handles:
             np.testing.assert_array_equal(hvd.synchronize(handle), np.full(3, float(sum(ps.ranks))))
-    finally:
-        assert hvd.remove_process_set(high) and hvd.remove_process_set(low)
 
 
 def test_a_stalled_set_does_not_block_another():
@@ -216,23 +212,15 @@ def test_duplicates_and_bad_ranks_are_refused():
         hvd.add_process_set([0, size])
     assert not hvd.remove_process_set(hvd.global_process_set)
     if size >= 2:
-        ps = hvd.add_process_set([1])
-        try:
-            with pytest.raises(ValueError, match="duplicate process set"):
-                hvd.add_process_set(hvd.ProcessSet([1]))
-        finally:
-            assert hvd.remove_process_set(ps)
+        with temporary_sets([1]), pytest.raises(ValueError, match="duplicate process set"):
+            hvd.add_process_set(hvd.ProcessSet([1]))
 
 
 def test_a_one_rank_set_runs_its_collectives_alone():
     size, rank = hvd.size(), hvd.rank()
     if size < 2:
         pytest.skip("needs 2 ranks")
-    sets = [hvd.add_process_set([r]) for r in range(size)]
-    try:
+    with temporary_sets(*[[r] for r in range(size)]) as sets:
         ps = sets[rank]
         np.testing.assert_array_equal(hvd.allreduce(np.full(3, float(rank)), process_set=ps), np.full(3, rank))
         np.testing.assert_array_equal(hvd.allgather(np.full(2, rank), process_set=ps), np.full(2, rank))
-    finally:
-        for ps in reversed(sets):
-            assert hvd.remove_process_set(ps)

@@ -6,8 +6,9 @@ test files set it).
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Iterator, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import pytest
 
@@ -27,3 +28,17 @@ def even_odd_sets() -> Iterator[Tuple[ProcessSet, ProcessSet]]:
     odd = hvd.add_process_set([r for r in range(size) if r % 2 == 1])
     yield (even, odd) if even.included() else (odd, even)
     assert hvd.remove_process_set(odd) and hvd.remove_process_set(even)
+
+
+@contextlib.contextmanager
+def temporary_sets(*ranks: Sequence[int]) -> Iterator[Tuple[ProcessSet, ...]]:
+    """Add a process set for each list of ranks (every rank calls this), yield them, and remove them again, last
+    added first, asserting that each removal succeeds."""
+    sets = []
+    try:
+        for members in ranks:
+            sets.append(hvd.add_process_set(list(members)))
+        yield tuple(sets)
+    finally:
+        for ps in reversed(sets):
+            assert hvd.remove_process_set(ps)
