@@ -1,19 +1,21 @@
 """Run every size-agnostic body in tests/parallel at 1, 2, 3 and 4 ranks through the real launcher.
 
 The machine may have fewer cores than ranks (3 and 4 ranks oversubscribe a 2-core box), which also shakes
-out races in the data planes. Each job runs under a hard timeout that dumps every rank's stacks, and each test
-inside a rank has its own pytest-timeout so that a hang fails fast with a stack instead of eating the budget.
+out races in the data planes. One job per rank count runs every core file (start-up is much of a small job's
+time). Each job runs under a hard timeout that dumps every rank's stacks, and each test inside a rank has its own
+pytest-timeout so that a hang fails fast with a stack instead of eating the budget.
 """
 import pytest
 
 from tests.support.launch import PARALLEL, run_parallel_tests
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(480)
 
 # The framework bindings have suites of their own (e.g. test_torch_suite.py); this one runs the core files.
 FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_", "test_keras_")
 FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith(FRAMEWORK_PREFIXES))
 JOB_TIMEOUT = 180
+FILES_JOB_TIMEOUT = 420                    # one job runs every file
 PER_TEST_TIMEOUT = ["--timeout=20"]
 TWO_HOSTS = "localhost:2,127.0.0.1:2"      # two "hosts" on this machine: shm inside each, tcp between them
 EXPECT = "HVD_TEST_EXPECT_DATA_PLANE"      # test_allreduce.py checks that the job uses this data plane
@@ -24,16 +26,15 @@ def test_every_parallel_file_is_listed():
     assert set(MAIN) <= set(FILES) and len(FILES) >= 7, FILES
 
 
-@pytest.mark.parametrize("test_file", FILES)
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
-def test_parallel(np_, test_file):
+def test_parallel(np_):
     env = {EXPECT: "local" if np_ == 1 else "shm"}
-    run_parallel_tests(np_, test_file, env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
+    run_parallel_tests(np_, FILES, env=env, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
 
 
-@pytest.mark.parametrize("test_file", MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py"])
-def test_parallel_hierarchical_two_hosts(test_file):
-    result = run_parallel_tests(4, test_file, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=JOB_TIMEOUT,
+def test_parallel_hierarchical_two_hosts():
+    files = MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py", "test_process_sets.py"]
+    result = run_parallel_tests(4, files, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=FILES_JOB_TIMEOUT,
                                 pytest_args=PER_TEST_TIMEOUT)
     assert "[3]<stdout>" in result.stdout
 
@@ -45,9 +46,8 @@ def test_hierarchical_adasum_two_hosts():
     assert "[3]<stdout>" in result.stdout
 
 
-@pytest.mark.parametrize("test_file", MAIN)
-def test_parallel_tcp_data_plane(test_file):
-    run_parallel_tests(3, test_file, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=JOB_TIMEOUT,
+def test_parallel_tcp_data_plane():
+    run_parallel_tests(3, MAIN, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
 

@@ -1,7 +1,7 @@
 """Process sets end to end: static sets under horovodrun and mpirun, sets made from MPI communicators, a Horovod
 job on part of COMM_WORLD with a set inside it, the errors upstream programs see, the stall inspector naming the
 set, and a rank lost inside a set. The size-agnostic bodies (every collective on sets, add/remove loops) are in
-tests/parallel/test_process_sets.py, run at 1-4 ranks by test_parallel_suite.py and under mpirun here.
+tests/parallel/test_process_sets.py, run at 1-4 ranks by test_parallel_suite.py and test_mpi_suite.py.
 """
 import json
 import sys
@@ -120,7 +120,6 @@ def test_the_timeline_records_the_sets_rank_0_coordinates(tmp_path):
     assert not any("other.set" in n for n in names), names
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4])
-def test_the_process_set_bodies_under_mpirun(np_):
-    run_parallel_tests(np_, "test_process_sets.py", timeout=TIMEOUT, pytest_args=["--timeout=30"],
-                       launcher="mpirun")
+def test_the_process_set_bodies_under_mpirun_on_the_default_plane():
+    # test_mpi_suite.py runs them on the MPI plane (every set on an MPI sub-communicator) at 1-4 ranks.
+    run_parallel_tests(3, "test_process_sets.py", timeout=TIMEOUT, pytest_args=["--timeout=30"], launcher="mpirun")

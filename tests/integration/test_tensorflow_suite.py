@@ -1,7 +1,9 @@
 """Run every horovod.tensorflow body in tests/parallel (test_tensorflow_*.py) at 1, 2 and 3 ranks through the
 launcher (3 catches non-power-of-2 and uneven-split bugs).
 
-Each job has a hard timeout that dumps every rank's stacks; each test inside a rank has its own pytest-timeout.
+One job per rank count runs every file: most of a job's time is TensorFlow's import in every rank, which one job
+per file would pay once per file. Each job has a hard timeout that dumps every rank's stacks; each test inside
+a rank has its own pytest-timeout, so a hang fails that test fast with its stack.
 """
 import pytest
 
@@ -9,10 +11,10 @@ from tests.support.launch import PARALLEL, run_parallel_tests
 
 pytest.importorskip("tensorflow")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(660)
 
 FILES = sorted(p.name for p in PARALLEL.glob("test_tensorflow_*.py"))
-JOB_TIMEOUT = 240
+JOB_TIMEOUT = 600
 PER_TEST_TIMEOUT = ["--timeout=60"]
 EXPECTED = {"test_tensorflow_ops.py", "test_tensorflow_grads.py", "test_tensorflow_errors.py", "test_tensorflow_tf1.py",
             "test_tensorflow_partial_tape.py", "test_tensorflow_sync_batch_norm.py", "test_tensorflow_keras.py",
@@ -25,7 +27,6 @@ def test_every_tensorflow_file_is_listed():
     assert EXPECTED <= set(FILES), FILES
 
 
-@pytest.mark.parametrize("test_file", FILES)
 @pytest.mark.parametrize("np_", [1, 2, 3])
-def test_tensorflow_parallel(np_, test_file):
-    run_parallel_tests(np_, test_file, env=ENV, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
+def test_tensorflow_parallel(np_):
+    run_parallel_tests(np_, FILES, env=ENV, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)

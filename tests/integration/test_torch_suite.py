@@ -1,6 +1,7 @@
 """Run every horovod.torch body in tests/parallel (test_torch_*.py) at 1, 2, 3 and 4 ranks through the launcher.
 
-Each job has a hard timeout that dumps every rank's stacks; each test inside a rank has its own pytest-timeout.
+One job per rank count runs every file (torch's import in every rank is most of a small job's time). Each job has
+a hard timeout that dumps every rank's stacks; each test inside a rank has its own pytest-timeout.
 """
 import pytest
 
@@ -8,10 +9,10 @@ from tests.support.launch import PARALLEL, run_parallel_tests
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(660)
 
 FILES = sorted(p.name for p in PARALLEL.glob("test_torch_*.py"))
-JOB_TIMEOUT = 240
+JOB_TIMEOUT = 600
 PER_TEST_TIMEOUT = ["--timeout=60"]
 EXPECTED = {"test_torch_ops.py", "test_torch_autograd.py", "test_torch_optimizer.py",
             "test_torch_sync_batch_norm.py", "test_torch_join.py", "test_torch_errors.py",
@@ -22,7 +23,6 @@ def test_every_torch_file_is_listed():
     assert EXPECTED <= set(FILES), FILES
 
 
-@pytest.mark.parametrize("test_file", FILES)
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])
-def test_torch_parallel(np_, test_file):
-    run_parallel_tests(np_, test_file, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
+def test_torch_parallel(np_):
+    run_parallel_tests(np_, FILES, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)

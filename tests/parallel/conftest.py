@@ -1,5 +1,13 @@
-"""Runs inside every rank of a parallel test job: init Horovod once, dump stacks on SIGUSR1."""
+"""Runs inside every rank of a parallel test job: init Horovod once, dump stacks on SIGUSR1, and start every file
+from the same state of unnamed-tensor numbering.
+
+A job may run several files (the suites run one job per rank count). Some bodies submit different numbers of
+unnamed collectives on different ranks on purpose (join with uneven work, process sets), after which the ranks'
+``<op>.noname.<n>`` numbers differ, as they would in upstream's Horovod; each file then starts afresh, as it did
+in a process of its own.
+"""
 import faulthandler
+import itertools
 import signal
 import sys
 
@@ -15,3 +23,12 @@ def horovod_session():
     hvd.init()
     yield hvd
     hvd.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_unnamed_tensor_numbers(horovod_session):
+    from horovod.core import ops
+
+    horovod_session.barrier()           # every rank is done with the previous file's collectives
+    ops._counter = itertools.count()
+    yield
