@@ -224,3 +224,14 @@ def test_a_one_rank_set_runs_its_collectives_alone():
         ps = sets[rank]
         np.testing.assert_array_equal(hvd.allreduce(np.full(3, float(rank)), process_set=ps), np.full(3, rank))
         np.testing.assert_array_equal(hvd.allgather(np.full(2, rank), process_set=ps), np.full(2, rank))
+
+
+def test_join_on_a_set_with_uneven_work(even_odd):
+    """Members of a set run different numbers of steps, then join the set: a joined member contributes zeros, and
+    join returns the (global) rank that joined last, on every member."""
+    ps = mine(even_odd)
+    position, n = ps.rank(), ps.size()
+    for step in range(position + 1):
+        out = hvd.allreduce(np.ones(2), op=hvd.Sum, name=f"uneven.{step}", process_set=ps)
+        np.testing.assert_array_equal(out, np.full(2, float(n - step)))
+    assert hvd.join(process_set=ps) == ps.ranks[-1]

@@ -279,3 +279,12 @@ def test_tf1_distributed_optimizer_averages_over_the_set(sets):
     opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), process_set=ps)
     opt.minimize(lambda: linear_loss(w, hvd.rank()), var_list=[w])
     np.testing.assert_allclose(w.numpy(), -sum(data(r, [4]) for r in ps.ranks) / ps.size())
+
+
+def test_join_on_a_set_with_uneven_work(sets):
+    ps, _ = sets
+    position, n = ps.rank(), ps.size()
+    for step in range(position + 1):
+        out = hvd.allreduce(tf.ones(2), op=hvd.Sum, name=f"uneven.{step}", process_set=ps)
+        assert out.numpy().tolist() == [float(n - step)] * 2
+    assert int(hvd.join(process_set=ps)) == ps.ranks[-1]

@@ -256,3 +256,12 @@ def test_a_rank_outside_the_set_gets_value_error_at_the_call(sets):
                  lambda: hvd.broadcast_object(1, root_rank=other.ranks[0], process_set=other)):
         with pytest.raises(ValueError, match=message):
             call()
+
+
+def test_join_on_a_set_with_uneven_work(sets):
+    ps, _ = sets
+    position, n = ps.rank(), ps.size()
+    for step in range(position + 1):
+        out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name=f"uneven.{step}", process_set=ps)
+        assert out.tolist() == [float(n - step)] * 2
+    assert hvd.join(process_set=ps) == ps.ranks[-1]

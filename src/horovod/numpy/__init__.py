@@ -223,12 +223,13 @@ def grouped_reducescatter(tensors: Sequence[_np.ndarray], name: Optional[str] = 
 
 
 # ------------------------------------------------------------------ control
-def join() -> int:
-    """Wait until every rank has joined; returns the last rank to join (the same on every rank).
+def join(process_set: ProcessSet = global_process_set) -> int:
+    """Wait until every rank (of ``process_set``) has joined; returns the last rank to join, a global rank, the
+    same on every rank.
 
     While joined, this rank contributes zeros to other ranks' allreduces (Average still divides by size).
     """
-    return _ops.join_async().wait()
+    return _ops.join_async(process_set).wait()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

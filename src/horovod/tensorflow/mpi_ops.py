@@ -515,12 +515,13 @@ def _grouped_reducescatter(tensors, name: Optional[str] = None, op: ReduceOp = S
 
 # ---------------------------------------------------------------------------------------------- control
 @_no_autograph
-def join() -> tf.Tensor:
-    """Mark this rank as done; returns (an int32 scalar tensor) the last rank to join, the same on every rank.
+def join(process_set: ProcessSet = global_process_set) -> tf.Tensor:
+    """Mark this rank as done; returns (an int32 scalar tensor) the last rank (of ``process_set``) to join, a
+    global rank, the same on every rank.
 
     While joined, this rank contributes zeros to the other ranks' allreduces.
     """
     def compute(outputs):
-        return [np.asarray(ops.join_async().wait(), np.int32)]
+        return [np.asarray(ops.join_async(process_set).wait(), np.int32)]
 
     return _set_shape(_call(compute, [], [tf.int32], "HorovodJoin")[0], [])

@@ -61,12 +61,13 @@ def stop_timeline() -> None:
     basics.stop_timeline()
 
 
-def join(device: int = -1) -> int:
-    """Wait until every rank has joined; returns the last rank to join (the same on every rank).
+def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
+    """Wait until every rank (of ``process_set``) has joined; returns the last rank to join, a global rank, the
+    same on every rank.
 
     While joined, this rank contributes zeros to the other ranks' allreduces.
     """
-    return ops.join_async().wait()
+    return ops.join_async(process_set).wait()
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
