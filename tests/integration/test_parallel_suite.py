@@ -47,7 +47,8 @@ def test_hierarchical_adasum_two_hosts():
 
 
 def test_parallel_tcp_data_plane():
-    run_parallel_tests(3, MAIN, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
+    files = MAIN + ["test_process_sets.py", "test_adasum.py"]      # every set on a tcp plane of its own too
+    run_parallel_tests(3, files, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
 

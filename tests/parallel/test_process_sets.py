@@ -88,6 +88,20 @@ def test_every_collective_on_disjoint_sets(even_odd):
     assert hvd.allgather_object(rank * 10, process_set=ps) == [r * 10 for r in ranks]
 
 
+def test_each_set_runs_on_the_data_plane_the_job_expects(even_odd):
+    """The outer test says which plane the job uses (shm, tcp, hierarchical, mpi): a set of two or more ranks
+    gets one of the same kind, of its own."""
+    from horovod.core import basics
+
+    expected = os.environ.get("HVD_TEST_EXPECT_DATA_PLANE")
+    ps = mine(even_odd)
+    if not expected or expected == "local" or ps.size() < 2:
+        pytest.skip("the outer test did not say which data plane to expect, or this rank's set has one rank")
+    backend = basics.engine_for(ps).backend
+    assert backend.name == expected and backend is not basics.engine().backend, (backend.name, expected)
+    assert backend.size == ps.size() and backend.rank == ps.rank()
+
+
 def test_a_rank_outside_the_set_gets_value_error_at_the_call(even_odd):
     even, odd = even_odd
     other = odd if even.included() else even
