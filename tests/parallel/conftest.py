@@ -2,12 +2,11 @@
 from the same state of unnamed-tensor numbering.
 
 A job may run several files (the suites run one job per rank count). Some bodies submit different numbers of
-unnamed collectives on different ranks on purpose (join with uneven work, process sets), after which the ranks'
+unnamed collectives on different ranks on purpose (join with uneven work), after which the ranks'
 ``<op>.noname.<n>`` numbers differ, as they would in upstream's Horovod; each file then starts afresh, as it did
-in a process of its own.
+in a process of its own. (Unnamed collectives on process sets are numbered per set, so they cannot cause this.)
 """
 import faulthandler
-import itertools
 import signal
 import sys
 
@@ -30,5 +29,5 @@ def fresh_unnamed_tensor_numbers(horovod_session):
     from horovod.core import ops
 
     horovod_session.barrier()           # every rank is done with the previous file's collectives
-    ops._counter = itertools.count()
+    ops._counters.clear()
     yield

@@ -249,3 +249,13 @@ def test_join_on_a_set_with_uneven_work(even_odd):
         out = hvd.allreduce(np.ones(2), op=hvd.Sum, name=f"uneven.{step}", process_set=ps)
         np.testing.assert_array_equal(out, np.full(2, float(n - step)))
     assert hvd.join(process_set=ps) == ps.ranks[-1]
+
+
+def test_unnamed_collectives_are_numbered_per_set(even_odd):
+    """The even ranks run two unnamed collectives on their set, the odd ranks one on theirs; an unnamed collective
+    on the global set then still has the same name on every rank (upstream numbers per process, and would not)."""
+    even, _ = even_odd
+    ps = mine(even_odd)
+    for _ in range(2 if ps is even else 1):
+        hvd.allreduce(np.ones(2), op=hvd.Sum, process_set=ps)
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), op=hvd.Sum), np.full(2, float(hvd.size())))

@@ -8,7 +8,7 @@ other ranks (shapes, dtypes, roots agreeing) is checked by the coordinator.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import cloudpickle
 import numpy as np
@@ -22,19 +22,26 @@ from horovod.core.process_sets import ProcessSet
 
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 Allocators = Union[Allocator, Sequence[Allocator], None]
-_counter = itertools.count()
+_counters: Dict[int, Iterator[int]] = {}      # process set id -> numbers of its unnamed collectives
 
 
-def next_id() -> int:
-    """A process-wide increasing number (for default tensor names)."""
-    return next(_counter)
+def next_id(process_set: Optional[ProcessSet] = None) -> int:
+    """An increasing number for default tensor names, counted per process set: every member numbers a set's
+    unnamed collectives alike, whatever it runs on other sets (upstream counts per process, so a program that
+    runs unnamed collectives on a set and then on the global set would give its ranks different names)."""
+    key = process_set.process_set_id if process_set is not None and process_set.process_set_id else 0
+    counter = _counters.get(key)
+    if counter is None:
+        counter = _counters[key] = itertools.count()
+    return next(counter)
 
 
-def tensor_name(op: str, name: Optional[str], handle_id: Optional[int] = None) -> str:
-    """Upstream's naming: ``<op>.<name>``, or ``<op>.noname.<n>`` without a name."""
+def tensor_name(op: str, name: Optional[str], handle_id: Optional[int] = None,
+                process_set: Optional[ProcessSet] = None) -> str:
+    """Upstream's naming: ``<op>.<name>``, or ``<op>.noname.<n>`` without a name (n counted per set)."""
     if name:
         return f"{op}.{name}"
-    return f"{op}.noname.{next_id() if handle_id is None else handle_id}"
+    return f"{op}.noname.{next_id(process_set) if handle_id is None else handle_id}"
 
 
 def check_array(arr: np.ndarray) -> DataType:
@@ -91,7 +98,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     dtype = check_array(tensor)
     op = _check_reduce(op, dtype, "allreduce")
     _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
-    name = name or tensor_name("allreduce", None)
+    name = name or tensor_name("allreduce", None, process_set=process_set)
     if output is None:
         output = np.empty_like(tensor)
     handle = Handle(name)
@@ -110,7 +117,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     outputs = [np.empty_like(t) for t in tensors] if outputs is None else list(outputs)
-    base = name or tensor_name("grouped_allreduce", None)
+    base = name or tensor_name("grouped_allreduce", None, process_set=process_set)
     n = len(tensors)
     handle = Handle(base, parts=n, finish=list)
     entries = []
@@ -133,7 +140,7 @@ def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Op
     dtype = check_array(tensor)
     if tensor.ndim == 0:
         raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
-    name = name or tensor_name("allgather", None)
+    name = name or tensor_name("allgather", None, process_set=process_set)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape)
     engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
@@ -146,7 +153,7 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] =
     """Allgather each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine(process_set)
     tensors = list(tensors)
-    base = name or tensor_name("grouped_allgather", None)
+    base = name or tensor_name("grouped_allgather", None, process_set=process_set)
     n = len(tensors)
     handle = Handle(base, parts=n, finish=list)
     entries = []
@@ -165,7 +172,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
     """Copy ``root_rank``'s ``tensor`` to every rank (into ``output``, a new array unless given)."""
     engine = _engine(process_set)
     dtype = check_array(tensor)
-    name = name or tensor_name("broadcast", None)
+    name = name or tensor_name("broadcast", None, process_set=process_set)
     if output is None:
         output = np.empty_like(tensor)
     handle = Handle(name)
@@ -192,7 +199,7 @@ def alltoall_async(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, n
         raise ValueError(f"alltoall splits must have one entry per rank ({size}), got {len(splits)}.")
     if any(s < 0 for s in splits) or sum(splits) != tensor.shape[0]:
         raise ValueError(f"alltoall splits {splits} must be non-negative and add up to dim 0 ({tensor.shape[0]}).")
-    name = name or tensor_name("alltoall", None)
+    name = name or tensor_name("alltoall", None, process_set=process_set)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLTOALL, dtype, tensor.shape, splits=splits)
     engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
@@ -212,7 +219,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
         raise ValueError("reducescatter needs a tensor with at least one dimension.")
     op = _check_reduce(op, dtype, "reducescatter")
     _check_scale(dtype, prescale_factor, postscale_factor, "reducescatter")
-    name = name or tensor_name("reducescatter", None)
+    name = name or tensor_name("reducescatter", None, process_set=process_set)
     handle = Handle(name)
     request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
                            postscale_factor)
@@ -227,7 +234,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
     """Reducescatter each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine(process_set)
     tensors = list(tensors)
-    base = name or tensor_name("grouped_reducescatter", None)
+    base = name or tensor_name("grouped_reducescatter", None, process_set=process_set)
     n = len(tensors)
     op = ReduceOp(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):

@@ -34,8 +34,8 @@ _handles: HandleMap[Handle] = HandleMap()
 _register = _handles.add
 
 
-def _name(op: str, name: Optional[str]) -> str:
-    return _ops.tensor_name(op, name)
+def _name(op: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
+    return _ops.tensor_name(op, name, process_set=process_set)
 
 
 def poll(handle: int) -> bool:
@@ -57,7 +57,7 @@ def allreduce_async(tensor: _np.ndarray, average: Optional[bool] = None, name: O
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an allreduce; the result is a new array."""
     op = _handle_op(op, average)
-    return _register(_ops.allreduce_async(tensor, None, _name("allreduce", name), op, prescale_factor,
+    return _register(_ops.allreduce_async(tensor, None, _name("allreduce", name, process_set), op, prescale_factor,
                                           postscale_factor, process_set))
 
 
@@ -73,7 +73,7 @@ def allreduce_async_(tensor: _np.ndarray, average: Optional[bool] = None, name: 
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce of ``tensor``."""
     op = _handle_op(op, average)
-    return _register(_ops.allreduce_async(tensor, tensor, _name("allreduce", name), op, prescale_factor,
+    return _register(_ops.allreduce_async(tensor, tensor, _name("allreduce", name, process_set), op, prescale_factor,
                                           postscale_factor, process_set))
 
 
@@ -90,7 +90,7 @@ def grouped_allreduce_async(tensors: Sequence[_np.ndarray], average: Optional[bo
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allreduce of a list of arrays, negotiated and fused as one unit."""
     op = _handle_op(op, average)
-    return _register(_ops.grouped_allreduce_async(tensors, None, _name("grouped_allreduce", name), op,
+    return _register(_ops.grouped_allreduce_async(tensors, None, _name("grouped_allreduce", name, process_set), op,
                                                   prescale_factor, postscale_factor, process_set))
 
 
@@ -108,7 +108,7 @@ def grouped_allreduce_async_(tensors: Sequence[_np.ndarray], average: Optional[b
                              process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place grouped allreduce."""
     op = _handle_op(op, average)
-    return _register(_ops.grouped_allreduce_async(tensors, tensors, _name("grouped_allreduce", name), op,
+    return _register(_ops.grouped_allreduce_async(tensors, tensors, _name("grouped_allreduce", name, process_set), op,
                                                   prescale_factor, postscale_factor, process_set))
 
 
@@ -124,7 +124,7 @@ def grouped_allreduce_(tensors: Sequence[_np.ndarray], average: Optional[bool] =
 def allgather_async(tensor: _np.ndarray, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather along dim 0."""
-    return _register(_ops.allgather_async(tensor, _name("allgather", name), process_set=process_set))
+    return _register(_ops.allgather_async(tensor, _name("allgather", name, process_set), process_set=process_set))
 
 
 def allgather(tensor: _np.ndarray, name: Optional[str] = None,
@@ -136,7 +136,7 @@ def allgather(tensor: _np.ndarray, name: Optional[str] = None,
 def grouped_allgather_async(tensors: Sequence[_np.ndarray], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather of each array of a list, as one unit."""
-    return _register(_ops.grouped_allgather_async(tensors, _name("grouped_allgather", name),
+    return _register(_ops.grouped_allgather_async(tensors, _name("grouped_allgather", name, process_set),
                                                   process_set=process_set))
 
 
@@ -150,7 +150,7 @@ def grouped_allgather(tensors: Sequence[_np.ndarray], name: Optional[str] = None
 def broadcast_async(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start a broadcast from ``root_rank`` (a global rank) into a new array."""
-    return _register(_ops.broadcast_async(tensor, root_rank, None, _name("broadcast", name), process_set))
+    return _register(_ops.broadcast_async(tensor, root_rank, None, _name("broadcast", name, process_set), process_set))
 
 
 def broadcast(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
@@ -162,7 +162,7 @@ def broadcast(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
 def broadcast_async_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place broadcast."""
-    return _register(_ops.broadcast_async(tensor, root_rank, tensor, _name("broadcast", name), process_set))
+    return _register(_ops.broadcast_async(tensor, root_rank, tensor, _name("broadcast", name, process_set), process_set))
 
 
 def broadcast_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
@@ -175,7 +175,7 @@ def broadcast_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
 def alltoall_async(tensor: _np.ndarray, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall (see :func:`alltoall`)."""
-    handle = _ops.alltoall_async(tensor, splits, _name("alltoall", name), process_set=process_set)
+    handle = _ops.alltoall_async(tensor, splits, _name("alltoall", name, process_set), process_set=process_set)
     if splits is None:
         handle._finish = lambda results: results[0][0]
     return _register(handle)
@@ -195,7 +195,7 @@ def reducescatter_async(tensor: _np.ndarray, name: Optional[str] = None, op: Red
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter."""
-    return _register(_ops.reducescatter_async(tensor, _name("reducescatter", name), op, prescale_factor,
+    return _register(_ops.reducescatter_async(tensor, _name("reducescatter", name, process_set), op, prescale_factor,
                                               postscale_factor, process_set=process_set))
 
 
@@ -210,7 +210,7 @@ def grouped_reducescatter_async(tensors: Sequence[_np.ndarray], name: Optional[s
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each array of a list, as one unit."""
-    return _register(_ops.grouped_reducescatter_async(tensors, _name("grouped_reducescatter", name), op,
+    return _register(_ops.grouped_reducescatter_async(tensors, _name("grouped_reducescatter", name, process_set), op,
                                                       prescale_factor, postscale_factor, process_set=process_set))
 
 

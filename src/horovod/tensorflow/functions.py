@@ -23,7 +23,7 @@ def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = glo
     variables = list(variables)
     if variables:
         values = [_tensor(_read(v), _MOVE_DTYPES, "broadcast_variables") for v in variables]
-        outs = _broadcast_many(values, root_rank, _name("broadcast_variables", None), process_set)
+        outs = _broadcast_many(values, root_rank, _name("broadcast_variables", None, process_set=process_set), process_set)
         assigns = [v.assign(o) for v, o in zip(variables, outs)]
     else:
         assigns = []

@@ -86,13 +86,14 @@ def _read(variable) -> tf.Tensor:
     return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(variable)
 
 
-def _name(op: str, name: Optional[str], ignore_name_scope: bool = False) -> str:
+def _name(op: str, name: Optional[str], ignore_name_scope: bool = False,
+          process_set: Optional[ProcessSet] = None) -> str:
     """The negotiated tensor name (see the module docstring)."""
     if name:
         scope = "" if ignore_name_scope else tf.get_current_name_scope()
         return f"{op}.{scope}/{name}" if scope else f"{op}.{name}"
     if tf.executing_eagerly():
-        return ops.tensor_name(op, None)
+        return ops.tensor_name(op, None, process_set=process_set)
     node = "Horovod" + "".join(part.capitalize() for part in op.split("_"))
     return f"{op}.{tf.compat.v1.get_default_graph().unique_name(node)}"
 
@@ -192,7 +193,7 @@ def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_
     """Differentiable allreduce of one dense tensor (the op layer's op; Average divides by the set size)."""
     tensor = _tensor(tensor, _REDUCE_DTYPES, "allreduce")
     op = ReduceOp(op)
-    full = _name("allreduce", name, ignore_name_scope)
+    full = _name("allreduce", name, ignore_name_scope, process_set)
 
     def fwd(x):
         def compute(outputs, a):
@@ -218,7 +219,7 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
     if not tensors:
         return []
     op = ReduceOp(op)
-    base = _name("grouped_allreduce", name, ignore_name_scope)
+    base = _name("grouped_allreduce", name, ignore_name_scope, process_set)
 
     def fwd(*xs):
         def compute(outputs, *arrays):
@@ -259,8 +260,8 @@ def _gather_grad_compute(rank_: int, names: List[str], dims_names: List[str], pr
 
 
 def _allgather_grads(dys, xs, ignore_name_scope, process_set):
-    names = [_name("allreduce", None, ignore_name_scope) for _ in dys]
-    dims_names = [_name("allgather", None, ignore_name_scope) for _ in dys]
+    names = [_name("allreduce", None, ignore_name_scope, process_set) for _ in dys]
+    dims_names = [_name("allgather", None, ignore_name_scope, process_set) for _ in dys]
     dims = [tf.shape(x, out_type=tf.int64)[0] for x in xs]
     outs = _call(_gather_grad_compute(_set_rank(process_set), names, dims_names, process_set), [*dys, *dims],
                  [x.dtype for x in xs], "HorovodAllgatherGrad")
@@ -281,7 +282,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks); differentiable."""
     tensor = _tensor(tensor, _MOVE_DTYPES, "allgather")
     _at_least_1d([tensor], "Allgather")
-    full = _name("allgather", name, ignore_name_scope)
+    full = _name("allgather", name, ignore_name_scope, process_set)
 
     def fwd(x):
         def compute(outputs, a):
@@ -305,7 +306,7 @@ def grouped_allgather(tensors, name: Optional[str] = None, ignore_name_scope: bo
     if not tensors:
         return []
     _at_least_1d(tensors, "Allgather")
-    base = _name("grouped_allgather", name, ignore_name_scope)
+    base = _name("grouped_allgather", name, ignore_name_scope, process_set)
 
     def fwd(*xs):
         def compute(outputs, *arrays):
@@ -340,7 +341,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_sc
     """Return ``root_rank``'s ``tensor`` (a global rank) on every rank; differentiable."""
     tensor = _tensor(tensor, _MOVE_DTYPES, "broadcast")
     root_rank = _check_root(root_rank)
-    full = _name("broadcast", name, ignore_name_scope)
+    full = _name("broadcast", name, ignore_name_scope, process_set)
 
     def fwd(x):
         def compute(outputs, a):
@@ -381,7 +382,7 @@ def broadcast_(variables, root_rank: int, name: Optional[str] = None,
     if not variables:
         return []
     values = [_tensor(_read(v), _MOVE_DTYPES, "broadcast_") for v in variables]
-    outs = _broadcast_many(values, root_rank, _name("broadcast_", name), process_set)
+    outs = _broadcast_many(values, root_rank, _name("broadcast_", name, process_set=process_set), process_set)
     assigns = [v.assign(o) for v, o in zip(variables, outs) if hasattr(v, "assign")]
     if _executing_eagerly():
         return [_read(v) if hasattr(v, "assign") else o for v, o in zip(variables, outs)]
@@ -409,7 +410,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
                 f"alltoall splits must be integers, got {splits_t.dtype.name}."
             ))
         splits_t = tf.reshape(tf.cast(splits_t, tf.int32), [-1])
-    full = _name("alltoall", name, ignore_name_scope)
+    full = _name("alltoall", name, ignore_name_scope, process_set)
     n = _set_size(process_set)
     received_out: List[tf.Tensor] = []
 
@@ -450,7 +451,7 @@ def _reducescatter_grads(dys, xs, op, prescale_factor, postscale_factor, ignore_
         dys = [d * prescale_factor for d in dys]
     if postscale_factor != 1.0:
         dys = [d * postscale_factor for d in dys]
-    base = _name("grouped_allgather", None, ignore_name_scope)
+    base = _name("grouped_allgather", None, ignore_name_scope, process_set)
 
     def compute(outputs, *arrays):
         allocators = [outputs.allocator(i) for i in range(len(arrays))]
@@ -472,7 +473,7 @@ def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ig
             f"Reducescatter currently only supports AVERAGE and SUM, not "
             f"{op.name.capitalize()}; pass op=hvd.Sum or op=hvd.Average."
         ))
-    base = _name(what, name, ignore_name_scope)
+    base = _name(what, name, ignore_name_scope, process_set)
 
     def fwd(*xs):
         def compute(outputs, *arrays):

@@ -33,8 +33,8 @@ __all__ = ["allreduce_async", "allreduce_async_", "grouped_allreduce_async", "gr
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
 
 
-def _name(op: str, name: Optional[str]) -> str:
-    return ops.tensor_name(op, name)
+def _name(op: str, name: Optional[str], process_set: Optional[ProcessSet] = None) -> str:
+    return ops.tensor_name(op, name, process_set=process_set)
 
 
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: ReduceOp,
@@ -44,7 +44,7 @@ def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[
     host_out = host_in if output is tensor else to_host(output)
     array_in = numpy_view(host_in)
     array_out = array_in if host_out is host_in else numpy_view(host_out)
-    handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name), op, prescale_factor,
+    handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name, process_set), op, prescale_factor,
                                  postscale_factor, process_set)
 
     def finish(_):
@@ -80,7 +80,7 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
     host_in = [to_host(t) for t in tensors]
     host_out = [hi if o is t else to_host(o) for t, o, hi in zip(tensors, outputs, host_in)]
     handle = ops.grouped_allreduce_async([numpy_view(t) for t in host_in], [numpy_view(o) for o in host_out],
-                                         _name("grouped_allreduce", name), op, prescale_factor, postscale_factor,
+                                         _name("grouped_allreduce", name, process_set), op, prescale_factor, postscale_factor,
                                          process_set)
 
     def finish(_):
@@ -157,7 +157,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
     check_tensor(tensor, MOVE_DTYPES, "allgather")
     host = to_host(tensor)
     made: List[torch.Tensor] = []
-    handle = ops.allgather_async(numpy_view(host), _name("allgather", name), torch_allocator(tensor.dtype, made), process_set)
+    handle = ops.allgather_async(numpy_view(host), _name("allgather", name, process_set), torch_allocator(tensor.dtype, made), process_set)
     return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
 
 
@@ -179,7 +179,7 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str]
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather of each tensor of a list, as one unit."""
     return _grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators:
-                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name), allocators,
+                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name, process_set), allocators,
                                                            process_set))
 
 
@@ -187,7 +187,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
     check_tensor(tensor, MOVE_DTYPES, "broadcast")
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
-    handle = ops.broadcast_async(numpy_view(host_in), root_rank, numpy_view(host_out), _name("broadcast", name), process_set)
+    handle = ops.broadcast_async(numpy_view(host_in), root_rank, numpy_view(host_out), _name("broadcast", name, process_set), process_set)
 
     def finish(_):
         if output.device.type != "cpu":
@@ -219,7 +219,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     if splits is not None:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     made: List[torch.Tensor] = []
-    handle = ops.alltoall_async(numpy_view(host), split_list, _name("alltoall", name), torch_allocator(tensor.dtype, made),
+    handle = ops.alltoall_async(numpy_view(host), split_list, _name("alltoall", name, process_set), torch_allocator(tensor.dtype, made),
                                 process_set)
 
     def finish(result):
@@ -246,7 +246,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Re
     op = _check_reducescatter_op(op)
     host = to_host(tensor)
     made: List[torch.Tensor] = []
-    handle = ops.reducescatter_async(numpy_view(host), _name("reducescatter", name), op, prescale_factor, postscale_factor,
+    handle = ops.reducescatter_async(numpy_view(host), _name("reducescatter", name, process_set), op, prescale_factor, postscale_factor,
                                      torch_allocator(tensor.dtype, made), process_set)
     return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
 
@@ -257,7 +257,7 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
     """Start a reducescatter of each tensor of a list, as one unit."""
     def start(arrays, allocators):            # runs after the tensors are checked (upstream's order of errors)
         checked = _check_reducescatter_op(op)
-        return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name), checked,
+        return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name, process_set), checked,
                                                prescale_factor, postscale_factor, allocators, process_set)
 
     return _grouped_allocating(tensors, REDUCE_DTYPES, "grouped_reducescatter", start)
