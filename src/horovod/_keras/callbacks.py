@@ -108,8 +108,6 @@ class MetricAverageCallback(_Callback):
         arrays = [np.asarray(keras.ops.convert_to_numpy(logs[k]), dtype=np.float64).reshape(-1) for k in names]
         outs = ops.grouped_allreduce_async(arrays, None, "MetricAverageCallback." + ".".join(names),
                                            process_set=global_process_set).wait()
-        if len(arrays) == 1:        # a group of one completes with the array itself
-            outs = [outs]
         for k, arr, out in zip(names, arrays, outs):
             logs[k] = float(out[0]) if arr.size == 1 else out
 

@@ -190,7 +190,8 @@ _TUNING = [
     _tunable_switch("hierarchical-allreduce", "Perform hierarchical allreduce between workers instead of ring "
                     "allreduce. Hierarchical allreduce performs a local allreduce / gather within a host, then a "
                     "parallel cross allreduce between equal local ranks across workers, and finally a local "
-                    "gather.", "params"),
+                    "gather. Here Sum and Average across hosts are hierarchical anyway; the flag selects "
+                    "hierarchical Adasum (sum inside each host, Adasum across hosts).", "params"),
     _tunable_switch("hierarchical-allgather", "Perform hierarchical allgather between workers instead of ring "
                     "allgather. See hierarchical allreduce for algorithm details.", "params"),
     _tunable_switch("torus-allreduce", "Perform 2D NCCL torus allreduce between workers instead of ring allreduce. "

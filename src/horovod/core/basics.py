@@ -371,8 +371,9 @@ def _static_sets(process_sets: Union[Sequence[ProcessSet], str, None]) -> List[P
 
 def _register_static(process_sets: List[ProcessSet]) -> None:
     """Register ``init``'s process sets: the union of every rank's, in a deterministic order (sets made from MPI
-    communicators can differ by rank: a Split gives each rank its own)."""
-    if not process_sets and _state.topo.size == 1:
+    communicators can differ by rank: a Split gives each rank its own). As upstream, every rank passes sets or
+    none does; without any, nothing is exchanged."""
+    if not process_sets:
         return
     mine = [_checked_ranks(_comm_ranks(ps) if ps.ranks is None else ps.ranks) for ps in process_sets]
     everyone = exchange(_state.engine, f"horovod.process_set.init.{_state.generation}", mine) \

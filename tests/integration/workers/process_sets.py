@@ -13,6 +13,7 @@
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -80,6 +81,10 @@ elif scenario == "stall":
     result(rank=hvd.rank(), done=True)
 elif scenario == "kill":
     os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
+    if os.environ.get("HOROVOD_RANK") != "1":
+        # The launcher's fail-fast (SIGTERM once rank 1 is gone) must not cut the report short: it SIGKILLs the
+        # survivors after its grace period anyway.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     hvd.init()
     ps = hvd.add_process_set([0, 1])
     if hvd.rank() == 1:
