@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Callable, List, Sequence, Tuple
 
 import numpy as np
 
+from horovod.backends.blocks import split_counts
 from horovod.backends.reduce import scaled_copy
 from horovod.common.types import ReduceOp
 
@@ -50,13 +51,6 @@ def check_dtype(dtype: np.dtype) -> None:
     if np.dtype(dtype) not in ADASUM_DTYPES:
         raise TypeError(f"The Adasum reduction supports float16, float32 and float64 tensors only, not "
                         f"{np.dtype(dtype).name}; cast the tensor to a floating type or use op=Average or Sum.")
-
-
-def segment_counts(total: int, parts: int) -> List[int]:
-    """``total`` elements in ``parts`` near-equal segments, the first ``total % parts`` one larger (the ring's
-    split; not imported from tcp, which would close an import cycle through base)."""
-    base, extra = divmod(total, parts)
-    return [base + (1 if r < extra else 0) for r in range(parts)]
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -188,7 +182,7 @@ def reduce_vector(data: Backend, gram_plane: Backend, vec: np.ndarray, out: np.n
     tensor's dot products cover the whole tensor.
     """
     n, rank = data.size, data.rank
-    counts = segment_counts(vec.size, n)
+    counts = split_counts(vec.size, n)
     m = counts[rank]
     rows = scratch("adasum.rows", n * m, vec.dtype).reshape(n, m)
     data.alltoallv(vec, counts, rows.reshape(-1), [m] * n, max_count=max(counts))

@@ -113,12 +113,3 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release sockets and shared memory."""
         return None
-
-
-def offsets(counts: Sequence[int]) -> List[int]:
-    """Exclusive prefix sums: where block i starts."""
-    out, total = [], 0
-    for c in counts:
-        out.append(total)
-        total += c
-    return out

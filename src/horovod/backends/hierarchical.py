@@ -19,8 +19,8 @@ import numpy as np
 
 from horovod.backends.adasum import check_dtype, gather_input, reduce_vector, scatter_output, tensor_bounds
 from horovod.backends.base import Backend
+from horovod.backends.blocks import split_counts
 from horovod.backends.shm import ShmBackend
-from horovod.backends.tcp import split_counts
 from horovod.common import config
 from horovod.common.types import ReduceOp
 

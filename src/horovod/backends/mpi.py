@@ -17,7 +17,8 @@ from typing import List, Sequence
 import ml_dtypes
 import numpy as np
 
-from horovod.backends.base import Backend, offsets
+from horovod.backends.base import Backend
+from horovod.backends.blocks import offsets
 from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp

@@ -20,7 +20,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-from horovod.backends.base import Backend, offsets
+from horovod.backends.base import Backend
+from horovod.backends.blocks import offsets
 from horovod.backends.comm import Comm
 from horovod.backends.reduce import combine, reduce_into, scaled_copy
 from horovod.common.timeline import activity

@@ -7,21 +7,16 @@ results.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from horovod.backends.base import Backend, offsets
+from horovod.backends.base import Backend
+from horovod.backends.blocks import offsets, split_counts
 from horovod.backends.comm import Comm, as_bytes
 from horovod.backends.reduce import reduce_into
 from horovod.common import config
 from horovod.common.types import ReduceOp
-
-
-def split_counts(n: int, parts: int) -> List[int]:
-    """``n`` elements split into ``parts`` blocks, the first ``n % parts`` one larger."""
-    base, extra = divmod(n, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 class TcpBackend(Backend):

@@ -376,8 +376,7 @@ def _register_static(process_sets: List[ProcessSet]) -> None:
     if not process_sets:
         return
     mine = [_checked_ranks(_comm_ranks(ps) if ps.ranks is None else ps.ranks) for ps in process_sets]
-    everyone = exchange(_state.engine, f"horovod.process_set.init.{_state.generation}", mine) \
-        if _state.topo.size > 1 else [mine]
+    everyone = exchange(_state.engine, f"horovod.process_set.init.{_state.generation}", mine)
     for ranks in [r for theirs in everyone for r in theirs]:
         if _existing_id(ranks) is None:
             _state.sets.add(_state.job, _state.engine, ranks)
@@ -388,7 +387,6 @@ def _register_static(process_sets: List[ProcessSet]) -> None:
             raise ValueError(f"Horovod could not be initialized because process_sets entry number {index} is a "
                              f"duplicate: {ps}")
         seen.add(set_id)
-        ps.ranks = ranks
         _bind(ps, set_id)
 
 
@@ -429,12 +427,12 @@ def _existing_id(ranks: List[int]) -> Optional[int]:
 
 
 def _bind(process_set: ProcessSet, set_id: int) -> None:
+    """Give a user's ProcessSet the registered set's id and ranks (a set made from a communicator learns them
+    here); it is invalidated at shutdown."""
     process_set.process_set_id = set_id
     process_set.own_rank = _state.topo.rank
-    if set_id != 0:
-        registered = _state.sets.get(set_id)
-        process_set.ranks = list(registered.ranks)
-        _state.bound.add(process_set)
+    process_set.ranks = list(_state.sets.get(set_id).ranks)
+    _state.bound.add(process_set)
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

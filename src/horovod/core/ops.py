@@ -44,6 +44,22 @@ def tensor_name(op: str, name: Optional[str], handle_id: Optional[int] = None,
     return f"{op}.noname.{next_id(process_set) if handle_id is None else handle_id}"
 
 
+def _is_global(process_set: Optional[ProcessSet]) -> bool:
+    return process_set is None or process_set.process_set_id in (0, None)
+
+
+def set_size(process_set: Optional[ProcessSet]) -> int:
+    """The number of ranks in ``process_set`` (the job's for None or the global set), for the bindings' Average
+    and gradient rules."""
+    return basics.size() if _is_global(process_set) else process_set.size()
+
+
+def set_rank(process_set: Optional[ProcessSet]) -> Optional[int]:
+    """This rank's position in ``process_set`` (its global rank for None or the global set); None when it is not
+    a member (a collective on the set then raises, naming it)."""
+    return basics.rank() if _is_global(process_set) else process_set.rank()
+
+
 def check_array(arr: np.ndarray) -> DataType:
     """The wire dtype of ``arr``; ValueError if it is not contiguous or its dtype is unsupported."""
     if not isinstance(arr, np.ndarray):

@@ -31,6 +31,8 @@ from horovod.common.util import get_average_backwards_compatibility_fun, num_ran
 from horovod.core import basics, ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names, re-exported as upstream's mpi_ops does)
 from horovod.core.basics import rank, size
+from horovod.core.ops import set_rank as _set_rank
+from horovod.core.ops import set_size as _set_size
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import errors
 from horovod.tensorflow.graph_call import call as _call
@@ -126,21 +128,6 @@ def _rows_shape(shape: tf.TensorShape, rows=None) -> tf.TensorShape:
 
 def _zeros_for_none(grads, like):
     return [tf.zeros_like(x) if g is None else g for g, x in zip(grads, like)]
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    """The number of ranks in ``process_set`` (the job's for the global set)."""
-    if process_set is None or process_set.process_set_id in (0, None):
-        return size()
-    return process_set.size()
-
-
-def _set_rank(process_set: ProcessSet) -> Optional[int]:
-    """This rank's position in ``process_set`` (its global rank for the global set); None when it is not a
-    member (the collective itself then raises, naming the set)."""
-    if process_set is None or process_set.process_set_id in (0, None):
-        return rank()
-    return process_set.rank()
 
 
 # ---------------------------------------------------------------------------------------------- size ops

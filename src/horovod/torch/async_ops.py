@@ -12,8 +12,9 @@ from horovod.common import types as _types
 from horovod.common.types import Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.core import ops
-from horovod.core.basics import rank, size
 from horovod.core.engine.handles import Handle
+from horovod.core.ops import set_rank as process_set_rank  # noqa: F401  (torch's names for them)
+from horovod.core.ops import set_size as process_set_size
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.handles import Pending, handle_map, synchronize
 from horovod.torch.tensors import (
@@ -135,20 +136,6 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 
     return result
 
-
-def _is_global(process_set: Optional[ProcessSet]) -> bool:
-    return process_set is None or process_set.process_set_id in (0, None)
-
-
-def process_set_size(process_set: ProcessSet) -> int:
-    """The number of ranks in ``process_set`` (the job's for the global set)."""
-    return size() if _is_global(process_set) else process_set.size()
-
-
-def process_set_rank(process_set: ProcessSet) -> int:
-    """This rank's position in ``process_set`` (its global rank for the global set); the op on a set this rank
-    is not in raises first."""
-    return rank() if _is_global(process_set) else process_set.rank()
 
 
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,

@@ -193,20 +193,19 @@ class DeadlockDetector:
     def _describe(self, waits: Sequence[Tuple[str, str, List[int], List[int]]], needed: Set[int],
                   held: float) -> str:
         lines = [DEADLOCK_HEADLINE.format(seconds=held) + _where(self.where)]
-        name_of = self.ranks
         for rank in sorted(needed):
             mine = [w for w in waits if rank in w[3]]
             shown = []
             for name, op, submitted, _ in mine[:MAX_NAMES_PER_RANK]:
-                missing = [name_of[r] for r in sorted(needed.difference(submitted))]
+                missing = [self.ranks[r] for r in sorted(needed.difference(submitted))]
                 if missing:
                     label = "rank" if len(missing) == 1 else "ranks"
                     shown.append(f"{name} ({op}; not submitted by {label} {', '.join(map(str, missing))})")
                 else:
                     shown.append(f"{name} ({op}; submitted by every rank, held for the rest of its group)")
             more = f" and {len(mine) - MAX_NAMES_PER_RANK} more" if len(mine) > MAX_NAMES_PER_RANK else ""
-            lines.append(f"Rank {name_of[rank]} waits on {', '.join(shown)}{more}.")
-        joined = [name_of[r] for r in sorted(set(range(self.size)).difference(needed))]
+            lines.append(f"Rank {self.ranks[rank]} waits on {', '.join(shown)}{more}.")
+        joined = [self.ranks[r] for r in sorted(set(range(self.size)).difference(needed))]
         if joined:
             label, pronoun = ("Rank", "it counts") if len(joined) == 1 else ("Ranks", "they count")
             lines.append(f"{label} {', '.join(map(str, joined))} joined (hvd.join): {pronoun} as having submitted "

@@ -64,11 +64,8 @@ def start_timeline(engine: Engine, path: str, mark_cycles: bool = False, sets: S
     being recorded. ``sets``: this rank's process-set engines; those it coordinates record into the same file."""
     if engine.coordinator is None:
         return
-    old = recording(engine)
     timeline = Timeline(path, mark_cycles)
-    engine.add_observer(TimelineObserver(timeline))
-    if old is not None:
-        engine.remove_observer(old)
+    old = _replace(engine, TimelineObserver(timeline))
     for other in sets:
         share(other, timeline)
     if old is not None:
@@ -77,21 +74,25 @@ def start_timeline(engine: Engine, path: str, mark_cycles: bool = False, sets: S
 
 def share(engine: Engine, timeline: Timeline) -> None:
     """Have a process set's engine record into ``timeline`` (a no-op where this rank does not coordinate it)."""
-    if engine.coordinator is None:
-        return
+    if engine.coordinator is not None:
+        _replace(engine, TimelineObserver(timeline, owner=False))
+
+
+def _replace(engine: Engine, observer: TimelineObserver) -> Optional[TimelineObserver]:
+    """Have ``observer`` record instead of the timeline observer watching ``engine`` (returned, not closed);
+    the new one is added first, so that nothing goes unrecorded in between."""
     old = recording(engine)
-    engine.add_observer(TimelineObserver(timeline, owner=False))
+    engine.add_observer(observer)
     if old is not None:
         engine.remove_observer(old)
+    return old
 
 
 def stop_timeline(engine: Engine, sets: Sequence[Engine] = ()) -> None:
-    """Stop recording and close the file (a no-op when no timeline records)."""
-    for other in sets:
-        old = recording(other)
+    """Stop recording and close the file (a no-op when no timeline records); the process sets' observers go
+    first, and only the global set's owns the file."""
+    for current in (*sets, engine):
+        old = recording(current)
         if old is not None:
-            other.remove_observer(old)
-    old = recording(engine)
-    if old is not None:
-        engine.remove_observer(old)
-        old.close()
+            current.remove_observer(old)
+            old.close()
