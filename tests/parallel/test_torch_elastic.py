@@ -4,7 +4,7 @@ in place after a failed collective (``shutdown()`` then ``init()`` on the same r
 import torch
 
 import horovod.torch as hvd
-from horovod.common.exceptions import HorovodInternalError
+from tests.support.elastic import run_failing_once
 
 
 def make_model(seed):
@@ -50,20 +50,9 @@ def test_elastic_sampler_splits_what_is_left_of_the_epoch():
 
 
 def test_run_restores_the_commit_and_re_forms_the_job_after_a_failed_collective():
-    model = make_model(seed=0)
-    state = hvd.elastic.TorchState(model, None, step=0)
-    attempts = []
-
-    @hvd.elastic.run
-    def train(state):
-        attempts.append(state.step)
-        state.step += 1
-        state.commit()
-        if len(attempts) == 1:
-            state.step = 100                         # uncommitted
-            raise HorovodInternalError("simulated: a rank was lost")
-        total = hvd.allreduce(torch.tensor([float(state.step)]), op=hvd.Sum, name="after.reset")
-        return int(total.item())
-
-    assert train(state) == 2 * hvd.size()            # restored to step 1, then one more step
+    state = hvd.elastic.TorchState(make_model(seed=0), None, step=0)
+    result, attempts = run_failing_once(
+        hvd.elastic.run, state,
+        lambda step: int(hvd.allreduce(torch.tensor([float(step)]), op=hvd.Sum, name="after.reset").item()))
+    assert result == 2 * hvd.size()                  # restored to step 1, then one more step
     assert attempts == [0, 1] and hvd.is_initialized()
