@@ -12,9 +12,24 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.parametrize("module", ["horovod.runner.util.threads", "horovod.runner.util.network",
-                                    "horovod.common.util", "horovod.runner.common.util.network"])
+                                    "horovod.common.util", "horovod.runner.common.util.network",
+                                    "horovod.common.elastic", "horovod.runner.elastic.worker",
+                                    "horovod.runner.elastic.constants", "horovod.runner.elastic.discovery",
+                                    "horovod.torch.elastic"])
 def test_upstream_module_paths_import(module):
+    if module.startswith("horovod.torch"):
+        pytest.importorskip("torch")
     importlib.import_module(module)
+
+
+def test_elastic_objects_are_the_same_under_every_path():
+    from horovod.common import elastic
+    from horovod.runner.elastic import constants, worker
+
+    assert worker.HostUpdateResult is elastic.HostUpdateResult
+    assert worker.notification_manager is elastic.notification_manager
+    assert constants.RESET_LIMIT_EXCEEDED_MESSAGE.format(3) == (
+        "Horovod was shutdown because number of resets during elastic job exceeded limit: 3")
 
 
 def test_built_queries_answer_like_upstream():

@@ -246,3 +246,5 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
 def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> List:
     """Gather one picklable object from every rank, as a list indexed by rank."""
     return _ops.allgather_object(obj, name, process_set)
+
+from horovod.numpy import elastic  # noqa: E402,F401  (hvd.elastic.run, hvd.elastic.ObjectState)

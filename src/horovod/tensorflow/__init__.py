@@ -174,3 +174,4 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
     outs = _reducescatter_many([c for c, _ in compressed], name, op, prescale_factor, postscale_factor,
                                ignore_name_scope, process_set, grouped=True)
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
+from horovod.tensorflow import elastic  # noqa: E402,F401  (hvd.elastic.run and the states, as upstream)

@@ -5,6 +5,7 @@ zero-copy; CUDA tensors are staged through host memory.
 """
 from __future__ import annotations
 
+from horovod.torch import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler, as upstream)
 from horovod.torch.compression import Compression  # noqa: F401
 from horovod.torch.functions import (  # noqa: F401
     allgather_object,

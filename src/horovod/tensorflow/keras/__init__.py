@@ -24,7 +24,7 @@ from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compre
     reducescatter,
 )
 from horovod.tensorflow.compression import Compression
-from horovod.tensorflow.keras import callbacks  # noqa: F401
+from horovod.tensorflow.keras import callbacks, elastic  # noqa: F401
 
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "", device_sparse: str = "",
