@@ -311,7 +311,7 @@ def test_horovod_run_argument_errors():
         hr.run(print, hosts="localhost:1", hostfile="hf")
     with pytest.raises(ValueError):
         hr.run(print, use_gloo=True, use_mpi=True)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(ValueError, match="fewer than 2 hosts"):
         hr.run(print, np=1, min_np=1)
 
 
@@ -347,7 +347,7 @@ def test_unavailable_modes_exit_with_explanation():
     result = hvdrun("-np", 1, "--jsrun", "true")
     assert result.returncode == 1 and "jsrun mode" in result.stderr and "not available yet" in result.stderr
     result = hvdrun("-np", 2, "--min-np", 1, "-H", "localhost:2", "true")
-    assert result.returncode == 1 and "lastic mode" in result.stderr
+    assert result.returncode == 1 and "Cannot run in fault tolerance mode with fewer than 2 hosts" in result.stderr
 
 
 def test_missing_program_and_bad_hosts():

@@ -89,14 +89,17 @@ def test_run_fn_restores_after_a_failed_collective_and_keeps_the_step_after_a_ho
             state.step = 4                          # uncommitted: lost by the failure below
             raise HorovodInternalError("rank 1 was lost")
         if len(attempts) == 2:
-            state.step = 5                          # uncommitted, but hosts were only added: kept
+            state.step = 5
+            state.commit()                          # saves, then the announced change interrupts: nothing lost
             raise HostsUpdatedInterrupt(skip_sync=True)
         return state.step
 
     assert run_fn(train, lambda: resets.append(1))(state) == 5
     assert attempts == [0, 3, 5] and len(resets) == 2
     syncs = [c for c in bcast.calls if isinstance(c, dict)]
-    assert syncs == [{"step": 0}, {"step": 3}]      # no sync after the skip_sync interrupt
+    # Synced after every reset, also after a removal (skip_sync): survivors and workers that just started must
+    # agree on whether to sync (upstream's #3494), and the survivors' states are equal anyway.
+    assert syncs == [{"step": 0}, {"step": 3}, {"step": 5}]
     assert state not in elastic.notification_manager._listeners
 
 

@@ -202,13 +202,23 @@ def test_invalid_values_are_usage_errors(argv, capsys):
     assert "horovodrun: error:" in capsys.readouterr().err
 
 
-def test_jsrun_and_elastic_are_rejected_with_explanation():
+def test_jsrun_is_rejected_with_explanation():
     with pytest.raises(NotImplementedError, match="jsrun mode .* not available yet.*--mpi"):
         launch._run(parse("-np", "1", "--jsrun", "cmd"))
-    with pytest.raises(NotImplementedError, match="[Ee]lastic mode .* not available yet"):
+
+
+def test_elastic_flags_are_checked_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="Cannot run in fault tolerance mode with fewer than 2 hosts"):
         launch._run(parse("-np", "1", "--min-np", "1", "cmd"))
-    with pytest.raises(NotImplementedError, match="[Ee]lastic"):
-        launch._run(parse("-np", "1", "--host-discovery-script", "d.sh", "cmd"))
+    with pytest.raises(ValueError, match="--max-np 1 is smaller than -np/--min-np 2"):
+        launch._run(parse("-np", "2", "--min-np", "2", "--max-np", "1", "-H", "a:1,b:1", "cmd"))
+    with pytest.raises(ValueError, match="drop --mpi"):
+        launch._run(parse("-np", "2", "--min-np", "1", "--mpi", "-H", "a:1,b:1", "cmd"))
+    with pytest.raises(ValueError, match="cooldown range 9 2 is reversed"):
+        launch._run(parse("-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "9", "2", "-H", "a:1,b:1", "c"))
+    missing = tmp_path / "no-such-script.sh"
+    with pytest.raises(RuntimeError, match="Host discovery failed on its first call.*" + str(missing)):
+        launch._run(parse("-np", "1", "--host-discovery-script", str(missing), "cmd"))
 
 
 def test_too_many_processes_is_a_clear_error():

@@ -20,6 +20,7 @@ import psutil
 
 from horovod.backends.comm import enlarge_buffers
 from horovod.common import wire
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.kvstore import KVStoreClient
 from horovod.common.topology import Topology
 
@@ -84,22 +85,36 @@ Publish = Callable[[dict, float], List[dict]]
 Generation = Union[int, str]
 
 
-def kv_publish(kv: KVStoreClient, generation: int, timeout: float) -> Publish:
-    """Exchange listening addresses through the launcher's rendezvous store."""
+def kv_publish(kv: KVStoreClient, generation: int, timeout: float,
+               abandoned: Optional[Callable[[], bool]] = None) -> Publish:
+    """Exchange listening addresses through the launcher's rendezvous store.
+
+    ``abandoned`` (elastic jobs) is asked every second while peers are missing; when it says the driver gave
+    the round up, the wait ends at once with :class:`HorovodInternalError` instead of running into the timeout.
+    """
 
     def publish(me: dict, remaining: float) -> List[dict]:
         scope = f"mesh.{generation}"
         size = me["size"]
+        keys = [str(r) for r in range(size)]
         kv.put(scope, str(me["rank"]), wire.pack(me))
-        try:
-            return [wire.unpack(v) for v in kv.wait(scope, [str(r) for r in range(size)], remaining)]
-        except TimeoutError:
+        deadline = time.monotonic() + remaining
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return [wire.unpack(v) for v in kv.wait(scope, keys, left if abandoned is None else min(1.0, left))]
+            except TimeoutError:
+                if abandoned is not None and abandoned():
+                    raise HorovodInternalError(f"round {generation} of the elastic job was abandoned by the driver "
+                                               "(a worker failed while it formed)") from None
+                if time.monotonic() < deadline:
+                    continue
             present = kv.items(scope)
             missing = [r for r in range(size) if str(r) not in present]
             raise TimeoutError(
                 f"Rank(s) {', '.join(map(str, missing))} did not reach the rendezvous within {timeout:.0f}s. "
                 "Check that they started (see their output), or raise --start-timeout / HOROVOD_START_TIMEOUT."
-            ) from None
+            )
 
     return publish
 

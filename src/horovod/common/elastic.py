@@ -5,7 +5,7 @@ Upstream's model (contract §1.7): a training function runs under ``hvd.elastic.
 must survive a change of workers. ``commit()`` saves it (and checks whether the driver announced new or removed
 hosts); when a collective fails (:class:`HorovodInternalError`) the loop restores the last commit, re-forms the
 job and syncs the state from rank 0; when hosts were announced (:class:`HostsUpdatedInterrupt`) it re-forms without
-restoring (nothing was lost) and, when hosts were only removed, without syncing either.
+restoring (nothing was lost).
 
 Upstream keeps ``HostUpdateResult`` and the notification manager in ``horovod.runner.elastic.worker``, which its
 ``common/elastic.py`` imports; here the shared ground may not import the runner, so they live here and the
@@ -54,14 +54,14 @@ class WorkerNotificationManager:
         self._listeners: Set[HostsListener] = set()
         self._started = False
         self.starter: Optional[Callable[[WorkerNotificationManager], None]] = None
+        self.poller: Optional[Any] = None
 
     def init(self) -> None:
         with self._lock:
             if self._started:
                 return
             self._started = True
-            if self.starter is not None:        # the elastic runner installs the endpoint
-                self.starter(self)
+            (self.starter or _poll_driver_notices)(self)
 
     def register_listener(self, listener: HostsListener) -> None:
         with self._lock:
@@ -76,6 +76,17 @@ class WorkerNotificationManager:
             listeners = list(self._listeners)
         for listener in listeners:
             listener.on_hosts_updated(timestamp, update_res)
+
+
+def _poll_driver_notices(manager: WorkerNotificationManager) -> None:
+    """The default endpoint: in a worker of an elastic ``horovodrun`` job, a thread that long-polls the driver's
+    notices (:class:`horovod.common.elastic_rendezvous.NotificationPoller`); elsewhere nothing."""
+    from horovod.common import elastic_rendezvous
+
+    kv = elastic_rendezvous.connect_from_env()
+    if kv is not None:
+        manager.poller = elastic_rendezvous.NotificationPoller(
+            kv, lambda timestamp, update: manager.handle_hosts_updated(timestamp, HostUpdateResult(update)))
 
 
 notification_manager = WorkerNotificationManager()
@@ -174,26 +185,28 @@ class ObjectState(State):
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:
     """The body of ``hvd.elastic.run``: run ``func(state, ...)`` until it returns, re-forming the job after
-    every failure or announced change of hosts (``reset`` shuts Horovod down and initializes it again)."""
+    every failure or announced change of hosts (``reset`` shuts Horovod down and initializes it again).
+
+    After every reset the state is synced from the new rank 0, also when hosts were only removed (upstream
+    skips the sync then). Upstream's skip let survivors and workers started in the same round disagree about
+    whether to sync, and the job hung (its issue #3494); the survivors' states are equal, so the sync changes
+    nothing for them and costs one broadcast per reset.
+    """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         notification_manager.init()
         notification_manager.register_listener(state)
-        skip_sync = False
         try:
             while True:
                 try:
-                    if not skip_sync:
-                        state.sync()
+                    state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as exc:
                     log.warning("a collective failed (%s): restoring the last commit and re-forming the job", exc)
                     state.restore()
-                    skip_sync = False
-                except HostsUpdatedInterrupt as exc:
+                except HostsUpdatedInterrupt:
                     log.info("the driver announced a change of hosts: re-forming the job")
-                    skip_sync = exc.skip_sync
                 reset()
                 state.on_reset()
         finally:

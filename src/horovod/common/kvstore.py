@@ -12,7 +12,7 @@ import socket
 import socketserver
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from horovod.common import wire
 
@@ -39,6 +39,13 @@ class KVStoreServer:
         self._server = Server((host, port), Handler)
         self._thread: Optional[threading.Thread] = None
         self._rejected = 0
+        self._watchers: Dict[str, Callable[[str, bytes], None]] = {}
+
+    def watch(self, scope: str, callback: Callable[[str, bytes], None]) -> None:
+        """Call ``callback(key, value)`` after every put into ``scope`` (from the putting thread, outside the
+        store's lock); the elastic driver learns of its workers' requests this way."""
+        with self._cond:
+            self._watchers[scope] = callback
 
     @property
     def port(self) -> int:
@@ -60,6 +67,9 @@ class KVStoreServer:
         with self._cond:
             self._data.setdefault(scope, {})[key] = bytes(value)
             self._cond.notify_all()
+            watcher = self._watchers.get(scope)
+        if watcher is not None:
+            watcher(key, bytes(value))
 
     def get(self, scope: str, key: str) -> Optional[bytes]:
         with self._cond:
@@ -72,6 +82,10 @@ class KVStoreServer:
     def delete_scope(self, scope: str) -> None:
         with self._cond:
             self._data.pop(scope, None)
+
+    def delete(self, scope: str, key: str) -> None:
+        with self._cond:
+            self._data.get(scope, {}).pop(key, None)
 
     def wait(self, scope: str, keys: List[str], timeout: float) -> Tuple[bool, List[Optional[bytes]]]:
         deadline = time.monotonic() + timeout
@@ -119,8 +133,7 @@ class KVStoreServer:
             ok, values = self.wait(str(msg[1]), [str(k) for k in msg[2]], float(msg[3]))
             return ["ok", values] if ok else ["timeout", [k for k, v in zip(msg[2], values) if v is None]]
         if op == "delete" and len(msg) == 3:
-            with self._cond:
-                self._data.get(str(msg[1]), {}).pop(str(msg[2]), None)
+            self.delete(str(msg[1]), str(msg[2]))
             return ["ok"]
         if op == "items" and len(msg) == 2:
             return ["ok", self.items(str(msg[1]))]

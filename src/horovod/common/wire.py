@@ -140,11 +140,18 @@ def recv_msg(sock: socket.socket) -> Any:
     return unpack(recv_exact(sock, n))
 
 
+PEER_TIMEOUT_MS = 4000
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Low latency and fast dead-peer detection on a connected TCP socket (no-op for Unix sockets)."""
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3)):
+        # Keepalive finds a silent peer (host down, link cut) after about 4 s when nothing is in flight; the user
+        # timeout does the same when sent data stays unacknowledged (a zero window is not that: its probes are
+        # acknowledged), so a survivor never waits out TCP's 15-minute retransmission limit.
+        for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3),
+                           ("TCP_USER_TIMEOUT", PEER_TIMEOUT_MS)):
             if hasattr(socket, opt):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)

@@ -25,6 +25,7 @@ from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstr
     rocm_built,
 )
 from horovod.common.exceptions import not_initialized
+from horovod.core import elastic_join
 from horovod.core.controller.fusion import aligned_threshold
 from horovod.core.engine import Engine
 from horovod.core.engine.observer import EngineObserver
@@ -72,25 +73,22 @@ def init(comm: Optional[object] = None, process_sets: Union[Sequence[ProcessSet]
         if _state.engine is not None:       # it died (peer lost): clean up before starting again
             shutdown()
         process_sets = _static_sets(process_sets)
-        mpi = None
-        try:
-            if mpi_context.wanted(comm):
-                mpi = mpi_context.MPIContext(comm)
-                topo = mpi.topology()
-            else:
-                topo = topology.detect()
-        except (ValueError, RuntimeError) as exc:
-            raise ValueError(f"Horovod initialization failed: {exc}") from exc
-        logging_setup.configure(topo.rank)
-        config.log_inert_knobs()
-        generation = _state.generation
-        try:
-            engine, reason, job = _start(topo, generation, mpi)
-        except Exception as exc:
-            if mpi is not None:
-                mpi.close()
-            raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") from exc
-        _state.generation += 1
+        if elastic_join.wanted(comm):
+            mpi = None
+            topo, generation, (engine, reason, job) = _join_elastic()
+        else:
+            mpi, topo = _detect(comm)
+            logging_setup.configure(topo.rank)
+            config.log_inert_knobs()
+            generation = _state.generation
+            try:
+                engine, reason, job = _start(topo, generation, mpi)
+            except Exception as exc:
+                if mpi is not None:
+                    mpi.close()
+                raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") \
+                    from exc
+        _state.generation = generation + 1
         _state.topo = topo
         _state.engine = engine
         _state.mpi = mpi
@@ -107,6 +105,33 @@ def init(comm: Optional[object] = None, process_sets: Union[Sequence[ProcessSet]
         log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, started by %s, data plane: %s",
                  topo.rank, topo.size, topo.local_rank, topo.local_size, topo.hostname,
                  f"MPI ({mpi.library})" if mpi is not None else topo.source, reason)
+
+
+def _detect(comm: Optional[object]):
+    """The MPI context (None without MPI) and this process's topology."""
+    mpi = None
+    try:
+        if mpi_context.wanted(comm):
+            mpi = mpi_context.MPIContext(comm)
+            return mpi, mpi.topology()
+        return None, topology.detect()
+    except (ValueError, RuntimeError) as exc:
+        if mpi is not None:
+            mpi.close()
+        raise ValueError(f"Horovod initialization failed: {exc}") from exc
+
+
+def _join_elastic():
+    """Join the elastic job's next round (see :mod:`horovod.core.elastic_join`): topology, round, started engine."""
+
+    def start_round(topo: topology.Topology, round_id: int):
+        logging_setup.configure(topo.rank)
+        return _start(topo, round_id, None)
+
+    try:
+        return elastic_join.start(start_round)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ValueError(f"Horovod initialization failed in the elastic job: {exc}") from exc
 
 
 def _settings(topo: topology.Topology) -> EngineSettings:
@@ -210,8 +235,9 @@ def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
     kv = KVStoreClient(addr, port, key, timeout=timeout)
     try:
         bind_addr = default_bind_address() if config.get("HOROVOD_GLOO_IFACE") else kv._sock.getsockname()[0]
-        return key, bind_addr, build_mesh(topo, key, kv_publish(kv, generation, timeout), generation, timeout,
-                                          bind_addr)
+        abandoned = elastic_join.abandoned_check(kv, generation) if config.get("HOROVOD_ELASTIC") else None
+        return key, bind_addr, build_mesh(topo, key, kv_publish(kv, generation, timeout, abandoned), generation,
+                                          timeout, bind_addr)
     finally:
         kv.close()
 
@@ -462,6 +488,11 @@ def _started(current: Engine) -> Engine:
     if path and path.upper() != "DYNAMIC":
         timeline_recording.start_timeline(current, path, config.get("HOROVOD_TIMELINE_MARK_CYCLES"))
     return current.start()
+
+
+def generation() -> int:
+    """Which ``init`` of this process's job is running (changes at every init; in an elastic job, the round)."""
+    return _state.generation
 
 
 def is_initialized() -> bool:

@@ -23,12 +23,17 @@ from horovod.core.process_sets import ProcessSet
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 Allocators = Union[Allocator, Sequence[Allocator], None]
 _counters: Dict[int, Iterator[int]] = {}      # process set id -> numbers of its unnamed collectives
+_counted_generation: List[Optional[int]] = [None]   # the init whose collectives _counters numbers
 
 
 def next_id(process_set: Optional[ProcessSet] = None) -> int:
     """An increasing number for default tensor names, counted per process set: every member numbers a set's
     unnamed collectives alike, whatever it runs on other sets (upstream counts per process, so a program that
     runs unnamed collectives on a set and then on the global set would give its ranks different names)."""
+    generation = basics.generation()
+    if generation != _counted_generation[0]:    # every init starts afresh: after an elastic reset, survivors and
+        _counters.clear()                       # workers that just started must number alike
+        _counted_generation[0] = generation
     key = process_set.process_set_id if process_set is not None and process_set.process_set_id else 0
     counter = _counters.get(key)
     if counter is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import shlex
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -18,7 +19,7 @@ from .common.util.env import exportable_env
 from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
 from .common.util.network import is_local_host
 from .common.util.settings import Settings
-from .process import WorkerSpec, run_workers
+from .process import OutputSink, WorkerProcess, WorkerSpec, pad_rank, run_workers
 from .rendezvous import RendezvousServer
 
 log = logging.getLogger("horovod.runner")
@@ -67,7 +68,7 @@ def _display(hostname: str, variables: Mapping[str, str], command: Sequence[str]
 
 def worker_spec(slot: SlotInfo, command: Sequence[str], base_env: Mapping[str, str],
                 common_env: Mapping[str, str], secret: str, settings: Settings,
-                cwd: Optional[str] = None) -> WorkerSpec:
+                cwd: Optional[str] = None, ssh_options: Sequence[str] = ()) -> WorkerSpec:
     """How to start the rank of ``slot``: directly when its host is this machine, else over ssh.
 
     The secret goes into the local process's environment, or onto ssh's stdin for a remote one; it is never
@@ -85,7 +86,7 @@ def worker_spec(slot: SlotInfo, command: Sequence[str], base_env: Mapping[str, s
     forwarded = exportable_env(base_env)
     forwarded.update(variables)
     argv = ssh.build_ssh_command(slot.hostname, command, forwarded, cwd, settings.ssh_port,
-                                 settings.ssh_identity_file)
+                                 settings.ssh_identity_file, ssh_options)
     local_env = {k: v for k, v in base_env.items() if k != SECRET_ENV}
     return WorkerSpec(slot.rank, slot.hostname, argv, local_env,
                       _display(slot.hostname, variables, command, remote=True),
@@ -114,3 +115,48 @@ def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, st
         os.makedirs(settings.output_filename, exist_ok=True)
     run_workers(specs, output_dir=settings.output_filename,
                 prefix_timestamp=settings.prefix_output_with_timestamp)
+
+
+def _get_min_start_hosts(settings: Settings) -> int:
+    """How many hosts an elastic job waits for before it starts (upstream's hook; tests patch it).
+
+    Upstream waits for two, to find network interfaces common to the hosts, unless ``--network-interfaces`` is
+    given. Here the driver's address is the route to the first remote host (or the given interface), which one
+    host is enough for.
+    """
+    return 1
+
+
+def launch_gloo_elastic(command: Sequence[str], settings, env: Mapping[str, str], rendezvous: RendezvousServer,
+                        rendezvous_addr_for) -> List[SlotInfo]:
+    """Run an elastic job (``settings`` is an :class:`horovod.runner.elastic.settings.ElasticSettings`) until it
+    finishes; returns its last round's slots in rank order. ``rendezvous_addr_for(hosts)`` gives the driver's
+    address for workers once the first hosts are known. Raises as :meth:`ElasticDriver.run` does."""
+    from .elastic.driver import ElasticDriver
+
+    driver = ElasticDriver(rendezvous, settings.discovery, settings.min_num_proc, settings.max_num_proc,
+                           timeout=settings.elastic_timeout, reset_limit=settings.reset_limit,
+                           cooldown_range=settings.cooldown_range, verbose=settings.verbose)
+    sink = OutputSink(prefix_timestamp=settings.prefix_output_with_timestamp)
+    started = [0]
+    common: Dict[str, str] = {}
+    if settings.output_filename:
+        os.makedirs(settings.output_filename, exist_ok=True)
+
+    def create_worker(slot: SlotInfo, events: queue.SimpleQueue) -> WorkerProcess:
+        if not common:
+            common.update(job_env(rendezvous_addr_for(driver.host_assignments), rendezvous.port, settings))
+            common["HOROVOD_ELASTIC"] = "1"
+        spec = worker_spec(slot, command, env, common, rendezvous.secret, settings,
+                           ssh_options=ssh.ELASTIC_SSH_OPTIONS)
+        started[0] += 1
+        out_dir = None
+        if settings.output_filename:        # one directory per worker started: ranks change across rounds
+            out_dir = os.path.join(settings.output_filename,
+                                   f"rank.{pad_rank(slot.rank, slot.size)}.worker.{started[0]}")
+        log.info("starting worker %s[%d] as rank %d of %d", slot.hostname, slot.local_rank, slot.rank, slot.size)
+        if settings.verbose:
+            log.info("%s", spec.display)
+        return WorkerProcess(spec, sink, events, out_dir)
+
+    return driver.run(settings.num_proc, create_worker, _get_min_start_hosts(settings))

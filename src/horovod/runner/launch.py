@@ -2,8 +2,9 @@
 
 ``parse_args`` accepts every upstream flag with the same names, destinations, defaults and mutually exclusive
 groups. ``_run`` launches the job with the built-in controller (upstream's Gloo mode, the default) or, with
-``--mpi``, through ``mpirun`` (:mod:`horovod.runner.mpi_run`); jsrun and elastic mode are parsed but rejected
-with an explanation until they are available.
+``--mpi``, through ``mpirun`` (:mod:`horovod.runner.mpi_run`). With ``--min-np`` or ``--host-discovery-script``
+it runs an elastic job (:func:`_run_elastic`, :mod:`horovod.runner.elastic.driver`). jsrun is parsed but rejected
+with an explanation until it is available.
 """
 from __future__ import annotations
 
@@ -21,10 +22,6 @@ JSRUN_NOT_AVAILABLE = (
     "jsrun mode (--jsrun, or 'controller: jsrun' in --config-file) is not available yet in this release of "
     "horovod. Use --mpi to launch through mpirun, or no controller flag for the default built-in controller "
     "(it takes the role of Gloo: shared memory inside a host, TCP across hosts)."
-)
-ELASTIC_NOT_AVAILABLE = (
-    "Elastic mode (--min-np or --host-discovery-script) is not available yet in this release of horovod. "
-    "Run a fixed-size job with -np N and -H/--hostfile, without --min-np, --max-np and --host-discovery-script."
 )
 
 
@@ -106,7 +103,7 @@ def _run(args: Any) -> Optional[List[Any]]:
     """Run the job described by ``args`` (from parse_args or horovod.run).
 
     Returns the per-rank results for ``horovod.run`` (``args.run_func`` set), else None. Raises
-    NotImplementedError for jsrun and elastic mode, ValueError for bad hosts or counts, and
+    NotImplementedError for jsrun, ValueError for bad hosts or counts, and
     :class:`horovod.runner.process.JobFailedError` when a rank fails.
     """
     if getattr(args, "use_jsrun", None):
@@ -129,8 +126,104 @@ def _run(args: Any) -> Optional[List[Any]]:
 
 
 def _run_elastic(args: Any) -> Optional[List[Any]]:
-    """Elastic mode is parsed but not available yet in this release."""
-    raise NotImplementedError(ELASTIC_NOT_AVAILABLE)
+    """Run an elastic job (``--min-np`` or ``--host-discovery-script``; upstream's function of this name).
+
+    The hosts come from the discovery script, or are the fixed ``-H`` hosts (at least two). The job starts at
+    ``-np`` processes (``--min-np`` when not given), keeps running while ``--min-np`` slots exist, and grows up
+    to ``--max-np``. Returns the first ``min_np`` results in ``horovod.run`` mode, else None.
+    """
+    from . import gloo_run
+    from .common.util import network
+    from .rendezvous import RendezvousServer
+
+    settings = _elastic_settings(args)
+    env = _worker_base_env(args)
+
+    def rendezvous_addr_for(host_assignments: dict) -> str:
+        remote = network.filter_local_addresses(list(host_assignments))
+        return network.get_driver_ip(settings.nics, remote) if remote or settings.nics else "127.0.0.1"
+
+    rendezvous = RendezvousServer(settings.verbose)
+    rendezvous.start()
+    try:
+        if args.run_func is None:
+            gloo_run.launch_gloo_elastic(list(args.command or []), settings, env, rendezvous, rendezvous_addr_for)
+            return None
+        command = _publish_function(args, env, rendezvous)
+        return _run_function(lambda: gloo_run.launch_gloo_elastic(command, settings, env, rendezvous,
+                                                                  rendezvous_addr_for),
+                             rendezvous, settings.min_num_proc)
+    finally:
+        rendezvous.stop()
+
+
+def _elastic_settings(args: Any):
+    """The elastic launch's settings from the flags; ValueError saying what to change for invalid ones."""
+    from horovod.common import config
+
+    from .elastic import discovery
+    from .elastic.settings import ElasticSettings
+
+    if getattr(args, "use_mpi", None):
+        raise ValueError("Elastic mode runs on horovodrun's own controller, not under mpirun: drop --mpi.")
+    if args.host_discovery_script:
+        host_discovery: discovery.HostDiscovery = discovery.HostDiscoveryScript(args.host_discovery_script,
+                                                                                args.slots)
+    elif args.hosts:
+        _, host_slots = hosts.parse_hosts_and_slots(args.hosts)
+        if len(host_slots) < 2:
+            raise ValueError("Cannot run in fault tolerance mode with fewer than 2 hosts.")
+        host_discovery = discovery.FixedHosts(host_slots)
+    else:
+        raise ValueError("One of --host-discovery-script, --hosts, or --hostnames must be provided")
+    min_np = args.min_np or args.np
+    if min_np is None or min_np < 1:
+        raise ValueError("An elastic job needs -np (the number of processes to start with) or --min-np (the "
+                         "fewest it may run with), at least 1.")
+    num_proc = args.np or min_np
+    if args.max_np is not None and args.max_np < max(min_np, num_proc):
+        raise ValueError(f"--max-np {args.max_np} is smaller than -np/--min-np {max(min_np, num_proc)}.")
+    cooldown = tuple(args.cooldown_range) if getattr(args, "cooldown_range", None) else None
+    if cooldown is not None:
+        discovery.validate_cooldown_range(cooldown)
+    start_timeout = args.start_timeout or config.get("HOROVOD_START_TIMEOUT")
+    return ElasticSettings(
+        num_proc=num_proc, hosts=args.hosts or "", verbose=2 if getattr(args, "verbose", None) else 0,
+        ssh_port=getattr(args, "ssh_port", None), ssh_identity_file=getattr(args, "ssh_identity_file", None),
+        tcp_flag=bool(getattr(args, "tcp_flag", False)), start_timeout=float(start_timeout),
+        output_filename=getattr(args, "output_filename", None), run_func=args.run_func is not None,
+        nics=args.nics, prefix_output_with_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
+        discovery=host_discovery, min_num_proc=min_np, max_num_proc=args.max_np,
+        elastic_timeout=getattr(args, "elastic_timeout", None), reset_limit=getattr(args, "reset_limit", None),
+        cooldown_range=cooldown)
+
+
+def _publish_function(args: Any, env: dict, rendezvous: Any) -> List[str]:
+    """``horovod.run``: put the function into the rendezvous store; the command that runs it on each rank (the
+    rank finds the store through its environment)."""
+    from . import run_func
+
+    rendezvous.store.put(run_func.FUNC_SCOPE, run_func.FUNC_KEY, run_func.encode_function(args.run_func))
+    src_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if os.path.basename(src_dir) not in ("site-packages", "dist-packages"):
+        # horovod runs from a source tree: make sure the ranks import this same copy.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
+    return [args.executable or sys.executable, "-m", "horovod.runner.run_task"]
+
+
+def _run_function(launch, rendezvous: Any, num_results: int) -> List[Any]:
+    """Run ``launch()`` and return the ranks' results; a rank's exception is raised as its RankFunctionError."""
+    from . import run_func
+    from .process import JobFailedError
+
+    try:
+        launch()
+    except JobFailedError as exc:
+        error = run_func.failure_for_rank(rendezvous.store, exc.failure.rank, exc.failure.hostname)
+        if error is not None:
+            raise error from error.__cause__
+        raise
+    return run_func.collect_results(rendezvous.store, num_results)
 
 
 def _worker_base_env(args: Any) -> dict:
@@ -150,10 +243,9 @@ def _worker_base_env(args: Any) -> dict:
 def _run_static(args: Any) -> Optional[List[Any]]:
     from horovod.common import config
 
-    from . import gloo_run, run_func
+    from . import gloo_run
     from .common.util import network
     from .common.util.settings import Settings
-    from .process import JobFailedError
     from .rendezvous import RendezvousServer
 
     np = args.np
@@ -200,24 +292,11 @@ def _run_static(args: Any) -> Optional[List[Any]]:
             gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr)
             return None
 
-        rendezvous.store.put(run_func.FUNC_SCOPE, run_func.FUNC_KEY, run_func.encode_function(args.run_func))
-        executable = args.executable or sys.executable
-        command = [executable, "-m", "horovod.runner.run_task", rendezvous_addr, str(rendezvous.port)]
-        src_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        if os.path.basename(src_dir) not in ("site-packages", "dist-packages"):
-            # horovod runs from a source tree: make sure the ranks import this same copy.
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (src_dir, env.get("PYTHONPATH")) if p)
-        try:
-            if use_mpi:
-                _launch_run_func_mpi(settings, env, command, rendezvous)
-            else:
-                gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr)
-        except JobFailedError as exc:
-            error = run_func.failure_for_rank(rendezvous.store, exc.failure.rank, exc.failure.hostname)
-            if error is not None:
-                raise error from error.__cause__
-            raise
-        return run_func.collect_results(rendezvous.store, np)
+        command = _publish_function(args, env, rendezvous) + [rendezvous_addr, str(rendezvous.port)]
+        if use_mpi:
+            return _run_function(lambda: _launch_run_func_mpi(settings, env, command, rendezvous), rendezvous, np)
+        return _run_function(lambda: gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr),
+                             rendezvous, np)
     finally:
         rendezvous.stop()
 

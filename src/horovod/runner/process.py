@@ -198,7 +198,7 @@ def _die_with_parent_fn():
     return preexec
 
 
-class _Worker:
+class WorkerProcess:
     """One running rank: its process, output pumps and last lines."""
 
     def __init__(self, spec: WorkerSpec, sink: OutputSink, events: queue.SimpleQueue,
@@ -325,7 +325,7 @@ def restore_signal_handlers(previous: Dict[int, object]) -> None:
             pass
 
 
-def _stop(workers: Sequence[_Worker], grace: float) -> None:
+def stop_workers(workers: Sequence[WorkerProcess], grace: float) -> None:
     """SIGTERM every live rank's process group, then SIGKILL what is left after ``grace`` seconds."""
     alive = [w for w in workers if w.proc.poll() is None]
     for w in alive:
@@ -344,7 +344,7 @@ def _stop(workers: Sequence[_Worker], grace: float) -> None:
             log.warning("rank %d (pid %d) did not exit after SIGKILL", w.spec.rank, w.proc.pid)
 
 
-def _reap_leftovers(workers: Sequence[_Worker]) -> None:
+def reap_leftovers(workers: Sequence[WorkerProcess]) -> None:
     """Wait for the output of every rank; kill processes a rank left behind that still hold its pipes."""
     deadline = time.monotonic() + 2.0
     stragglers = [w for w in workers if not w.join_output(max(0.0, deadline - time.monotonic()))]
@@ -368,8 +368,8 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
     """
     sink = OutputSink(stdout, stderr, prefix_timestamp)
     events: queue.SimpleQueue = queue.SimpleQueue()
-    workers: List[_Worker] = []
-    first_failure: Optional[_Worker] = None
+    workers: List[WorkerProcess] = []
+    first_failure: Optional[WorkerProcess] = None
     stop_signal: Optional[int] = None
     previous = _install_signal_handlers(events)
     size = len(specs)
@@ -379,7 +379,7 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
                 out_dir = None
                 if output_dir is not None:
                     out_dir = os.path.join(output_dir, f"rank.{pad_rank(spec.rank, size)}")
-                workers.append(_Worker(spec, sink, events, out_dir))
+                workers.append(WorkerProcess(spec, sink, events, out_dir))
             remaining = len(workers)
             while remaining and first_failure is None and stop_signal is None:
                 try:
@@ -393,18 +393,18 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
                 else:
                     remaining -= 1
         except BaseException:
-            _stop(workers, grace)
+            stop_workers(workers, grace)
             raise
         if first_failure is not None:
             log.error("Process %d failed (%s) on %s. Terminating remaining workers after failure of Process %d.",
                       first_failure.spec.rank, describe_returncode(first_failure.proc.returncode),
                       first_failure.spec.hostname, first_failure.spec.rank)
-            _stop(workers, grace)
+            stop_workers(workers, grace)
         elif stop_signal is not None:
             log.error("Received %s: stopping all %d ranks.", signal.Signals(stop_signal).name, len(workers))
-            _stop(workers, grace)
+            stop_workers(workers, grace)
     finally:
-        _reap_leftovers(workers)
+        reap_leftovers(workers)
         for w in workers:
             w.close()
         restore_signal_handlers(previous)

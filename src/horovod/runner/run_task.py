@@ -17,7 +17,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     from horovod.common import config, wire
     from horovod.common.kvstore import KVStoreClient
     from horovod.runner import run_func
-    from horovod.runner.common.util.env import get_env_rank_and_size
 
     argv = sys.argv[1:] if argv is None else argv
     addr = argv[0] if len(argv) >= 2 else config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
@@ -27,8 +26,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write("horovod.runner.run_task must be started by horovod.run (no rendezvous address or "
                          "secret in the environment).\n")
         return 2
-    placed = get_env_rank_and_size()  # HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK/PMI_RANK from mpirun
-    rank = placed[0] if placed is not None else 0
     client = KVStoreClient(addr, int(port), key, timeout=config.get("HOROVOD_START_TIMEOUT"))
     try:
         payload = client.get(run_func.FUNC_SCOPE, run_func.FUNC_KEY)
@@ -43,12 +40,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         except Exception as exc:
             tb = traceback.format_exc()
             sys.stderr.write(tb)
-            client.put(run_func.RESULT_SCOPE, str(rank), run_func.encode_failure(exc, tb))
+            client.put(run_func.RESULT_SCOPE, str(_rank()), run_func.encode_failure(exc, tb))
             return 1
-        client.put(run_func.RESULT_SCOPE, str(rank), run_func.encode_success(value))
+        client.put(run_func.RESULT_SCOPE, str(_rank()), run_func.encode_success(value))
         return 0
     finally:
         client.close()
+
+
+def _rank() -> int:
+    """This rank, read after the function ran: in an elastic job the rank changes at every reset, and ``hvd.init``
+    keeps ``HOROVOD_RANK`` current (``OMPI_COMM_WORLD_RANK``/``PMI_RANK`` under mpirun)."""
+    from horovod.runner.common.util.env import get_env_rank_and_size
+
+    placed = get_env_rank_and_size()
+    return placed[0] if placed is not None else 0
 
 
 if __name__ == "__main__":

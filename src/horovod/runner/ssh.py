@@ -17,12 +17,16 @@ from horovod.common.wire import SECRET_ENV
 log = logging.getLogger(__name__)
 
 SSH_OPTIONS = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
+# Elastic workers: ssh ends within about 4 s when the host stops answering (a cut link, a host gone), so the
+# driver learns of the failure from the worker's exit instead of waiting on it.
+ELASTIC_SSH_OPTIONS = ["-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
 SSH_CHECK_ATTEMPTS = 5
 
 
-def ssh_base_command(host: str, port: Optional[int] = None, identity_file: Optional[str] = None) -> List[str]:
-    """``ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no [-p port] [-i file] host``."""
-    cmd = ["ssh", *SSH_OPTIONS]
+def ssh_base_command(host: str, port: Optional[int] = None, identity_file: Optional[str] = None,
+                     options: Sequence[str] = ()) -> List[str]:
+    """``ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no [options] [-p port] [-i file] host``."""
+    cmd = ["ssh", *SSH_OPTIONS, *options]
     if port:
         cmd += ["-p", str(port)]
     if identity_file:
@@ -53,9 +57,10 @@ def remote_shell_command(command: Sequence[str], env: Mapping[str, str], cwd: st
 
 
 def build_ssh_command(host: str, command: Sequence[str], env: Mapping[str, str], cwd: str,
-                      port: Optional[int] = None, identity_file: Optional[str] = None) -> List[str]:
+                      port: Optional[int] = None, identity_file: Optional[str] = None,
+                      options: Sequence[str] = ()) -> List[str]:
     """The argv that starts one rank on ``host`` (send :func:`secret_stdin` to its stdin)."""
-    return ssh_base_command(host, port, identity_file) + [remote_shell_command(command, env, cwd)]
+    return ssh_base_command(host, port, identity_file, options) + [remote_shell_command(command, env, cwd)]
 
 
 def secret_stdin(secret_hex: str) -> bytes:

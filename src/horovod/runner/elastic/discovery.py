@@ -217,8 +217,8 @@ class HostManager:
         resurrected = [h for h in host_slots if self._hosts_state[h].is_resurrected()]
         if prev_slots == host_slots and not resurrected:
             return HostUpdateResult.no_update
-        available = {h for h in host_slots
-                     if not (self._hosts_state[h].is_blacklisted() and not self._hosts_state[h].is_resurrected())}
+        available = [h for h in host_slots
+                     if not (self._hosts_state[h].is_blacklisted() and not self._hosts_state[h].is_resurrected())]
         self._current_hosts = DiscoveredHosts(host_slots, self.order_available_hosts(available, prev_order))
         result = self._changes(host_slots, prev_slots)
         for host in resurrected:
@@ -255,9 +255,10 @@ class HostManager:
 
     @staticmethod
     def order_available_hosts(available_hosts: Iterable[str], prev_host_assignment_order: List[str]) -> List[str]:
-        """Keep the previous order of the hosts still available (older hosts keep the lower ranks); new hosts
-        go last, in sorted order so that every run assigns them alike."""
-        available = set(available_hosts)
+        """Keep the previous order of the hosts still available (older hosts keep the lower ranks); new hosts go
+        last, in the order the discovery listed them (sorted when given as a set, so every run agrees)."""
+        listed = sorted(available_hosts) if isinstance(available_hosts, (set, frozenset)) else list(available_hosts)
+        available = set(listed)
         order = [h for h in prev_host_assignment_order if h in available]
         known = set(order)
-        return order + sorted(h for h in available if h not in known)
+        return order + [h for h in listed if h not in known]

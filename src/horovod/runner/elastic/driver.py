@@ -1,4 +1,379 @@
-"""Constants of upstream's elastic driver that tooling imports; the driver itself is not available yet."""
+"""The elastic job's driver: finds hosts, starts workers, and re-forms the job when workers fail or hosts change.
+
+The job runs in rounds (see :mod:`horovod.common.elastic_rendezvous` for the wire side). One event loop, in the
+launcher's main thread, owns every decision; the other threads only post events to it:
+
+- the discovery thread polls the hosts every :data:`DISCOVER_HOSTS_FREQUENCY_SECS` and posts changes;
+- each worker's waiter posts its exit; the rendezvous store posts each worker's request for the next round.
+
+A round re-forms when one of its workers asks for the next round (its collective failed, or it was told that
+hosts changed) or fails. The driver then waits until every worker of the round has either asked or exited; a
+worker that does neither within :data:`RESET_SETTLE_SECS` is stopped and counts as failed (upstream waits for
+it forever, its issue #3014). Then, as upstream: any success ends the job, failed workers' hosts are
+blacklisted, the reset limit is checked, the driver waits up to the elastic timeout for ``min_np`` slots, and
+it publishes the next round: waiting workers get their new rank (older hosts keep the lower ranks), workers whose
+slot is gone are told to exit, and new slots get new workers.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from horovod.common import config, wire
+from horovod.common.elastic import HostUpdateResult
+from horovod.common.elastic_rendezvous import (
+    ASSIGN_SCOPE,
+    READY_SCOPE,
+    ROUNDS_SCOPE,
+    broken_key,
+    publish_notice,
+    slot_key,
+)
+from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
+from horovod.runner.process import (
+    JobFailedError,
+    JobInterruptedError,
+    WorkerExit,
+    WorkerProcess,
+    install_stop_handlers,
+    reap_leftovers,
+    restore_signal_handlers,
+    stop_workers,
+)
+
+from .discovery import DiscoveredHosts, HostDiscovery, HostManager
+from .registration import FAILURE, READY, SUCCESS, Decision, WorkerStateRegistry
+
+log = logging.getLogger("horovod.elastic")
 
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
 ELASTIC_TIMEOUT_SECS = 600
+RESET_SETTLE_SECS = 30.0
+GRACE_SECONDS = 3.0
+
+CreateWorker = Callable[[SlotInfo, "queue.SimpleQueue"], WorkerProcess]
+
+
+class ElasticDriver:
+    """Runs one elastic job: ``run(num_proc, create_worker)`` returns when it finished, raises when it failed.
+
+    ``rendezvous`` is the job's started :class:`horovod.runner.rendezvous.RendezvousServer`; ``discovery`` says
+    which hosts exist; ``timeout`` bounds each wait for ``min_num_proc`` slots (default: ``HOROVOD_ELASTIC_TIMEOUT``,
+    else :data:`ELASTIC_TIMEOUT_SECS`).
+    """
+
+    def __init__(self, rendezvous, discovery: HostDiscovery, min_num_proc: int, max_num_proc: Optional[int] = None,
+                 timeout: Optional[float] = None, reset_limit: Optional[int] = None,
+                 cooldown_range: Optional[Tuple[int, int]] = None, verbose: int = 0) -> None:
+        self._store = rendezvous.store
+        self._host_manager = HostManager(discovery, cooldown_range)
+        self._hosts_lock = threading.Lock()
+        self._registry = WorkerStateRegistry(self._host_manager, reset_limit)
+        self._min_np = min_num_proc
+        self._max_np = max_num_proc
+        if timeout is None:
+            timeout = config.get("HOROVOD_ELASTIC_TIMEOUT") if config.is_set("HOROVOD_ELASTIC_TIMEOUT") \
+                else ELASTIC_TIMEOUT_SECS
+        self._timeout = float(timeout)
+        self._verbose = verbose
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self._round = -1
+        self._assignment: Dict[str, SlotInfo] = {}      # slot -> its place in the current round
+        self._workers: Dict[str, WorkerProcess] = {}    # slot -> its running process
+        self._waiting: Dict[str, dict] = {}             # slot -> its unanswered request for a round
+        self._exits: Dict[str, WorkerExit] = {}         # slot -> how it failed, in the current round
+        self._reforming_since: Optional[float] = None
+        self._finishing = False
+        self._stop_signal: Optional[int] = None
+        self._shutdown = threading.Event()
+        self._create_worker: Optional[CreateWorker] = None
+        self._discovery_thread: Optional[threading.Thread] = None
+        self._store.watch(READY_SCOPE, lambda key, value: self.events.put(("ready", key, value)))
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def round(self) -> int:
+        """The current round (0 for the first; one more at every reset)."""
+        return self._round
+
+    @property
+    def reset_count(self) -> int:
+        return self._registry.reset_count
+
+    def world_size(self) -> int:
+        return len(self._assignment)
+
+    @property
+    def host_assignments(self) -> Dict[str, List[SlotInfo]]:
+        """The current round's slots by host (upstream's property)."""
+        by_host: Dict[str, List[SlotInfo]] = {}
+        for info in sorted(self._assignment.values(), key=lambda s: s.rank):
+            by_host.setdefault(info.hostname, []).append(info)
+        return by_host
+
+    def run(self, num_proc: int, create_worker: CreateWorker, min_hosts: int = 1) -> List[SlotInfo]:
+        """Start the job once ``num_proc`` slots exist and run it to its end; returns the last round's slots in rank
+        order. Raises JobFailedError, RuntimeError (reset limit, elastic timeout, bad discovery),
+        JobInterruptedError or KeyboardInterrupt; no worker is left running in any case."""
+        self._create_worker = create_worker
+        previous = install_stop_handlers(self._on_signal)
+        try:
+            self._first_discovery()
+            self._form_round(self.wait_for_available_slots(num_proc, min_hosts))
+            while not self._loop_once():
+                pass
+            return sorted(self._assignment.values(), key=lambda s: s.rank)
+        finally:
+            restore_signal_handlers(previous)
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop discovery and every worker still running (idempotent)."""
+        self._shutdown.set()
+        workers = list(self._workers.values())
+        self._workers.clear()
+        stop_workers(workers, GRACE_SECONDS)
+        reap_leftovers(workers)
+        for worker in workers:
+            worker.close()
+        if self._discovery_thread is not None and self._discovery_thread is not threading.current_thread():
+            self._discovery_thread.join(timeout=5.0)
+
+    def wait_for_available_slots(self, min_num_proc: int, min_hosts: int = 1) -> DiscoveredHosts:
+        """The current hosts once they have ``min_num_proc`` slots on ``min_hosts`` hosts; RuntimeError after the
+        elastic timeout."""
+        deadline = time.monotonic() + self._timeout
+        announced = False
+        while True:
+            with self._hosts_lock:
+                current = self._host_manager.current_hosts
+                slots, hosts = current.count_available_slots(), len(current.available_hosts)
+            if slots >= min_num_proc and hosts >= min_hosts:
+                return current
+            self._check_signal()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    "Timed out waiting for minimum number of slots to become available. Please check that you "
+                    f"have enough resources to run at least {min_num_proc} Horovod processes. Waited "
+                    f"{self._timeout:.0f} s (--elastic-timeout, HOROVOD_ELASTIC_TIMEOUT) with {slots} usable slots "
+                    f"on {hosts} hosts ({current}); check what the host discovery reports, or lower --min-np.")
+            if not announced:
+                log.info("waiting for %d slots on %d host(s): %d available now", min_num_proc, min_hosts, slots)
+                announced = True
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ discovery
+
+    def _first_discovery(self) -> None:
+        """Ask the discovery once before starting anything: a failure here is a misconfiguration, so it ends the
+        job at once (later failures are retried)."""
+        try:
+            with self._hosts_lock:
+                self._host_manager.update_available_hosts()
+        except Exception as exc:
+            raise RuntimeError(f"Host discovery failed on its first call, so the job cannot start: {exc}") from exc
+        self._discovery_thread = threading.Thread(target=self._discover, name="horovod-elastic-discovery",
+                                                  daemon=True)
+        self._discovery_thread.start()
+
+    def _discover(self) -> None:
+        from horovod.runner.elastic import driver as this  # read the frequency at every poll: tests patch it
+
+        while not self._shutdown.wait(this.DISCOVER_HOSTS_FREQUENCY_SECS):
+            try:
+                with self._hosts_lock:
+                    update = self._host_manager.update_available_hosts()
+            except Exception as exc:
+                log.warning("host discovery failed (retrying in %.0f s): %s", this.DISCOVER_HOSTS_FREQUENCY_SECS, exc)
+                continue
+            if update != HostUpdateResult.no_update:
+                self.events.put(("hosts", update))
+
+    def _on_hosts(self, update: HostUpdateResult) -> None:
+        """Tell the workers that the hosts changed, when that changes the assignment (rank 0 decides when to
+        re-form, at its next commit). While a round re-forms there is nothing to tell: it uses the new hosts."""
+        if self._round < 0 or self._reforming_since is not None or self._finishing:
+            return
+        with self._hosts_lock:
+            current = self._host_manager.current_hosts
+        upcoming = self._plan(current) if current.count_available_slots() >= self._min_np else []
+        if [(s.hostname, s.local_rank, s.rank, s.size) for s in upcoming] == \
+                [(s.hostname, s.local_rank, s.rank, s.size) for s in sorted(self._assignment.values(),
+                                                                           key=lambda s: s.rank)]:
+            log.debug("hosts changed (%s) without changing the assignment: no notice", update)
+            return
+        publish_notice(self._store, int(update))
+        log.info("hosts changed (%s): the workers were notified (%s)", HostUpdateResult(update).name, current)
+
+    # ------------------------------------------------------------------ the event loop
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_signal = signum
+        self.events.put(("signal", signum))
+
+    def _check_signal(self) -> None:
+        if self._stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self._stop_signal is not None:
+            raise JobInterruptedError(self._stop_signal)
+
+    def _loop_once(self) -> bool:
+        """Handle one event (or a tick); True once the job has finished successfully."""
+        try:
+            event = self.events.get(timeout=0.5)
+        except queue.Empty:
+            event = ("tick",)
+        kind = event[0]
+        if kind == "signal":
+            self._check_signal()
+        elif kind == "ready":
+            self._on_ready(event[1], wire.unpack(event[2]))
+        elif kind == "exit":
+            self._on_exit(event[1])
+        elif kind == "hosts":
+            self._on_hosts(event[1])
+        return self._advance()
+
+    def _on_ready(self, slot: str, request: dict) -> None:
+        """A worker asks for a round after ``request["after"]``."""
+        if self._finishing:
+            self._answer(slot, request, {"end": "The elastic job is over: other workers finished, so there is no "
+                                                "next round. Every worker must run the same number of steps."})
+            return
+        member = slot in self._assignment
+        if member and request["after"] < self._round and self._reforming_since is None:
+            self._answer(slot, request, self._assignment_of(slot))      # a new worker joins the current round
+            return
+        if not member:
+            self._answer(slot, request, {"exit": "its slot is not part of the job any more"})
+            return
+        self._waiting[slot] = request
+        self._registry.record(slot, READY)
+        self._begin_reform(f"{slot} (rank {self._assignment[slot].rank}) left round {self._round}")
+
+    def _on_exit(self, worker: WorkerProcess) -> None:
+        slot = next((key for key, w in self._workers.items() if w is worker), None)
+        if slot is None:
+            return
+        del self._workers[slot]
+        self._waiting.pop(slot, None)
+        worker.close()
+        if slot not in self._assignment:
+            log.debug("%s exited after leaving the job", slot)
+            return
+        if worker.proc.returncode == 0:
+            self._registry.record(slot, SUCCESS)
+            self._finishing = True
+            return
+        info = worker.exit_info()
+        self._exits[slot] = info
+        self._registry.record(slot, FAILURE)
+        log.warning("worker %s (rank %d) failed: %s", slot, self._assignment[slot].rank, info.status)
+        if not self._finishing:
+            self._begin_reform(f"{slot} failed ({info.status})")
+
+    def _begin_reform(self, reason: str) -> None:
+        if self._reforming_since is not None:
+            return
+        log.info("round %d is over: %s; re-forming the job", self._round, reason)
+        self._reforming_since = time.monotonic()
+        self._store.put(ROUNDS_SCOPE, broken_key(self._round), b"1")   # peers still forming it give up
+
+    def _advance(self) -> bool:
+        """Move the job on once the current round's workers are all accounted for; True when it finished."""
+        if self._finishing:
+            for slot, request in list(self._waiting.items()):
+                self._on_ready(slot, request)
+            if any(self._registry.state(slot) in (None, READY) for slot in self._assignment):
+                return False
+            return self._finish()
+        if self._reforming_since is None:
+            return False
+        if not self._registry.all_recorded():
+            from horovod.runner.elastic import driver as this
+
+            if time.monotonic() - self._reforming_since < this.RESET_SETTLE_SECS:
+                return False
+            self._stop_unresponsive(this.RESET_SETTLE_SECS)
+        decision = self._registry.decide()
+        if decision is Decision.FINISH:
+            self._finishing = True
+            return self._advance()
+        if decision is Decision.FAIL:
+            raise JobFailedError(self._first_failure())
+        if decision is Decision.RESET_LIMIT:
+            raise RuntimeError(self._registry.reset_limit_message())
+        self._form_round(self.wait_for_available_slots(self._min_np))
+        return False
+
+    def _finish(self) -> bool:
+        failed = self._registry.get(FAILURE)
+        if failed:
+            raise JobFailedError(self._first_failure())
+        log.info("the elastic job finished after %d reset(s) in round %d", self.reset_count, self._round)
+        return True
+
+    def _first_failure(self) -> WorkerExit:
+        failures = [self._exits[slot] for slot in self._registry.get(FAILURE) if slot in self._exits]
+        return min(failures, key=lambda f: f.rank)
+
+    def _stop_unresponsive(self, waited: float) -> None:
+        """Stop the round's workers that neither asked for the next round nor exited; they count as failed."""
+        for slot in self._registry.unrecorded():
+            worker = self._workers.pop(slot, None)
+            log.warning("worker %s did not leave round %d within %.0f s of its failure: stopping it and "
+                        "blacklisting its host", slot, self._round, waited)
+            if worker is not None:
+                stop_workers([worker], GRACE_SECONDS)
+                reap_leftovers([worker])
+                worker.close()
+                info = worker.exit_info()
+            else:
+                info = WorkerExit(self._assignment[slot].rank, self._assignment[slot].hostname, -1, slot, [])
+            info.last_lines.append(f"(stopped by the elastic driver: no report within {waited:.0f} s of the "
+                                   f"failure that ended round {self._round})")
+            self._exits[slot] = info
+            self._registry.record(slot, FAILURE)
+
+    # ------------------------------------------------------------------ rounds
+
+    def _plan(self, current: DiscoveredHosts) -> List[SlotInfo]:
+        hosts = [HostInfo(host, current.get_slots(host)) for host in current.host_assignment_order]
+        return get_host_assignments(hosts, self._min_np, self._max_np)
+
+    def _form_round(self, current: DiscoveredHosts) -> None:
+        """Publish the next round: answer the waiting workers, start workers on the new slots."""
+        plan = self._plan(current)
+        if self._assignment:
+            previous = {s.hostname for s in self._assignment.values()}
+            if not previous & {s.hostname for s in plan}:
+                raise RuntimeError("No hosts from previous set remaining, unable to broadcast state.")
+        self._round += 1
+        self._assignment = {slot_key(s.hostname, s.local_rank): s for s in plan}
+        self._registry.reset({key: s.hostname for key, s in self._assignment.items()})
+        self._reforming_since = None
+        self._exits = {}
+        for slot, request in list(self._waiting.items()):
+            self._answer(slot, request, self._assignment_of(slot) if slot in self._assignment
+                         else {"exit": "its host was removed from the job"})
+        for key, info in self._assignment.items():
+            if key not in self._workers:
+                self._workers[key] = self._create_worker(info, self.events)
+        for stale in range(max(0, self._round - 8), self._round - 1):
+            self._store.delete_scope(f"mesh.{stale}")
+        log.info("round %d: %d workers on %d host(s): %s", self._round, len(plan), len(current.host_assignment_order),
+                 ", ".join(f"{s.hostname}[{s.local_rank}]=rank {s.rank}" for s in plan))
+
+    def _assignment_of(self, slot: str) -> dict:
+        info = self._assignment[slot]
+        return {"round": self._round, "rank": info.rank, "size": info.size, "local_rank": info.local_rank,
+                "local_size": info.local_size, "cross_rank": info.cross_rank, "cross_size": info.cross_size}
+
+    def _answer(self, slot: str, request: dict, answer: dict) -> None:
+        self._store.put(ASSIGN_SCOPE, f"{slot}/{request['nonce']}", wire.pack(answer))
+        self._waiting.pop(slot, None)

@@ -22,3 +22,8 @@ class Settings:
     run_func: bool = False
     nics: Optional[List[str]] = None
     prefix_output_with_timestamp: bool = False
+
+    @property
+    def elastic(self) -> bool:
+        """False: a static launch (``ElasticSettings`` says True)."""
+        return False
