@@ -16,7 +16,7 @@ from horovod._keras.loading import load_model as _load_model
 from horovod.common.types import Average, ReduceOp
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.process_sets import ProcessSet, global_process_set
-from horovod.keras import callbacks  # noqa: F401
+from horovod.keras import callbacks, elastic  # noqa: F401
 
 broadcast_global_variables = _api.broadcast_global_variables
 broadcast_variables = _api.broadcast_variables
