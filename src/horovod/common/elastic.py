@@ -13,6 +13,7 @@ runner's module re-exports them.
 """
 from __future__ import annotations
 
+import copy
 import enum
 import functools
 import logging
@@ -168,7 +169,9 @@ class ObjectState(State):
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
 
     def save(self) -> None:
-        self._saved_state = {attr: getattr(self, attr) for attr in self._saved_state}
+        # Copies, unlike upstream: a list or dict in the state that the program changes in place after a commit
+        # would otherwise change the commit too, and a restore would not undo anything.
+        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
 
     def restore(self) -> None:
         self._set_attrs()
@@ -180,7 +183,7 @@ class ObjectState(State):
 
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():
-            setattr(self, attr, value)
+            setattr(self, attr, copy.deepcopy(value))
 
 
 def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[..., Any]:

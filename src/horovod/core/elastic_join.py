@@ -67,7 +67,7 @@ def assignment() -> Tuple[Topology, int]:
     finally:
         kv.close()
     if "exit" in answer:
-        log.info("%s has been removed from the elastic job (%s): exiting", slot, answer["exit"])
+        log.warning("%s has been removed from the elastic job (%s): exiting", slot, answer["exit"])
         raise SystemExit(0)
     if "end" in answer:
         raise RuntimeError(answer["end"])

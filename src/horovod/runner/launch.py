@@ -332,6 +332,8 @@ def _configure_logging(verbose: bool) -> None:
         handler.setFormatter(logging.Formatter("[horovodrun] %(levelname)s: %(message)s"))
         root.addHandler(handler)
     logging.getLogger("horovod.runner").setLevel(logging.INFO if verbose else logging.WARNING)
+    # An elastic job's driver says what it does (rounds, failures, blacklisted hosts) without --verbose.
+    logging.getLogger("horovod.elastic").setLevel(logging.DEBUG if verbose else logging.INFO)
 
 
 def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
