@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Host discovery for elastic horovodrun (--host-discovery-script): prints the hosts file's "host:slots" lines.
 # The file is $HOROVOD_HOSTS_FILE, or hosts.txt next to this script; blank lines and # comments are skipped.
-# Edit the file while the job runs to add or remove hosts: horovodrun calls this script every few seconds.
+# Edit the file while the job runs to add or remove hosts: horovodrun calls this script about every second.
 set -euo pipefail
 
 hosts_file="${HOROVOD_HOSTS_FILE:-$(dirname "$0")/hosts.txt}"

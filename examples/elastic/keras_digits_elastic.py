@@ -30,7 +30,7 @@ import numpy as np
 import horovod.keras as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "keras"))
-from keras_digits import build_model, load_data  # noqa: E402  (the model and data of the non-elastic example)
+from keras_digits import build_model, load_data  # the model and data of the non-elastic example
 
 log = logging.getLogger("keras_digits_elastic")
 

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 import horovod.torch as hvd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pytorch"))
-from pytorch_digits import Net, load_data  # noqa: E402  (the model and data of the non-elastic example)
+from pytorch_digits import Net, load_data  # the model and data of the non-elastic example
 
 log = logging.getLogger("pytorch_digits_elastic")
 

@@ -48,6 +48,13 @@ def _optimizer_variables(optimizer: Any) -> List[Any]:
     return list(found() if callable(found) else found)
 
 
+def _build(optimizer: Any, variables: List[Any]) -> None:
+    """Create the optimizer's slots now unless it has them (Keras 3: ``built``; tf_keras: ``_built``; a legacy
+    tf_keras optimizer, which has no ``build``, creates them in its first step)."""
+    if not getattr(optimizer, "built", getattr(optimizer, "_built", False)) and hasattr(optimizer, "build"):
+        optimizer.build(variables)
+
+
 class KerasState(ObjectState):
     """A built Keras model and its optimizer (``model.optimizer`` by default), plus any keyword attributes
     (e.g. ``epoch=0, batch=0``), kept across resets.
@@ -67,8 +74,7 @@ class KerasState(ObjectState):
         self.optimizer = optimizer or getattr(model, "optimizer", None)
         if self.optimizer is None:
             raise ValueError("No optimizer: compile the model first, or pass KerasState(model, optimizer).")
-        if not getattr(self.optimizer, "built", True):
-            self.optimizer.build(model.trainable_variables)
+        _build(self.optimizer, model.trainable_variables)
         self._save_model()
         super().__init__(bcast_object=lambda obj: broadcast_object(obj, 0, "elastic.KerasState"),
                          get_rank=basics.rank, **kwargs)
