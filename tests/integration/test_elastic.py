@@ -4,56 +4,19 @@
 the failing worker runs alone on ``127.0.0.1``. Jobs on hosts reached over ssh, with cut links, are in
 ``test_elastic_hosts.py``. The worker is ``workers/elastic_train.py``; its docstring lists the lines read here.
 """
-import json
 import re
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
+from tests.support.elastic import (
+    WORKER,
+    assert_each_sample_once_per_epoch,
+    assert_same_model_after_every_reset,
+    events,
+)
 from tests.support.launch import horovodrun
-
-WORKER = str(Path(__file__).parent / "workers" / "elastic_train.py")
-LINE = re.compile(r"^\[(\d+)\]<stdout>:(START|DONE|LEAKS) (.*)$", re.M)
-
-
-def events(output: str, kind: str):
-    """The ``kind`` lines as dicts of their ``key=value`` fields (``seen`` parsed as JSON)."""
-    found = []
-    for rank, what, rest in LINE.findall(output):
-        if what != kind:
-            continue
-        fields = {"rank": int(rank)}
-        head, _, seen = rest.partition(" seen=")
-        for item in head.split():
-            key, _, value = item.partition("=")
-            fields[key] = value
-        if seen:
-            fields["seen"] = json.loads(seen)
-        found.append(fields)
-    return found
-
-
-def assert_same_model_after_every_reset(output: str) -> None:
-    """Ranks that start a round from the same committed position hold bit-identical models."""
-    rounds = defaultdict(set)
-    for start in events(output, "START"):
-        rounds[(start["size"], start["epoch"], start["batch"])].add(start["hash"])
-    assert rounds, output
-    for key, hashes in rounds.items():
-        assert len(hashes) == 1, f"ranks started {key} with different models: {hashes}\n{output}"
-    finals = {done["hash"] for done in events(output, "DONE")}
-    assert len(finals) == 1, output
-
-
-def assert_each_sample_once_per_epoch(output: str, samples: int, epochs: int) -> None:
-    """The committed record of every epoch covers every sample, repeating only the last batch's padding."""
-    for done in events(output, "DONE"):
-        for epoch in range(epochs):
-            seen = done["seen"][str(epoch)]
-            assert set(seen) == set(range(samples)), f"epoch {epoch} missed samples\n{output}"
-            assert len(seen) - samples < int(done["size"]) * 4, f"epoch {epoch} repeated samples\n{output}"
 
 
 def run_elastic(args, env, timeout=150.0, np=3):

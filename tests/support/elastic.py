@@ -1,4 +1,9 @@
-"""A training function shape the bindings' elastic tests share (tests/parallel/test_*_elastic.py)."""
+"""What the elastic tests share: a training function shape for the bindings' tests (tests/parallel/test_*_elastic.py)
+and, for the job tests (tests/integration/test_elastic*.py), the worker program and readers of its output."""
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable, List, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
@@ -21,3 +26,45 @@ def run_failing_once(run: Callable, state: Any, finish: Callable[[int], Any]) ->
         return finish(state.step)
 
     return train(state), attempts
+
+
+WORKER = str(Path(__file__).resolve().parents[1] / "integration" / "workers" / "elastic_train.py")
+LINE = re.compile(r"^\[(\d+)\]<stdout>:(START|DONE|LEAKS) (.*)$", re.M)
+
+
+def events(output: str, kind: str):
+    """The ``kind`` lines as dicts of their ``key=value`` fields (``seen`` parsed as JSON)."""
+    found = []
+    for rank, what, rest in LINE.findall(output):
+        if what != kind:
+            continue
+        fields = {"rank": int(rank)}
+        head, _, seen = rest.partition(" seen=")
+        for item in head.split():
+            key, _, value = item.partition("=")
+            fields[key] = value
+        if seen:
+            fields["seen"] = json.loads(seen)
+        found.append(fields)
+    return found
+
+
+def assert_same_model_after_every_reset(output: str) -> None:
+    """Ranks that start a round from the same committed position hold bit-identical models."""
+    rounds = defaultdict(set)
+    for start in events(output, "START"):
+        rounds[(start["size"], start["epoch"], start["batch"])].add(start["hash"])
+    assert rounds, output
+    for key, hashes in rounds.items():
+        assert len(hashes) == 1, f"ranks started {key} with different models: {hashes}\n{output}"
+    finals = {done["hash"] for done in events(output, "DONE")}
+    assert len(finals) == 1, output
+
+
+def assert_each_sample_once_per_epoch(output: str, samples: int, epochs: int) -> None:
+    """The committed record of every epoch covers every sample, repeating only the last batch's padding."""
+    for done in events(output, "DONE"):
+        for epoch in range(epochs):
+            seen = done["seen"][str(epoch)]
+            assert set(seen) == set(range(samples)), f"epoch {epoch} missed samples\n{output}"
+            assert len(seen) - samples < int(done["size"]) * 4, f"epoch {epoch} repeated samples\n{output}"

@@ -6,9 +6,10 @@ the authenticated key-value store of :mod:`horovod.common.kvstore`; a worker ope
 
 - **Rounds.** The driver forms the job in numbered rounds. Each round assigns every slot (``host:local_rank``) a
   rank, size, local and cross rank. A worker that wants to join a round newer than ``after`` puts a request
-  ``{"after": after, "nonce": n}`` under :data:`READY_SCOPE`, key ``<slot>``, and waits for the answer under
+  ``{"after": after, "nonce": n, "worker": id}`` under :data:`READY_SCOPE`, key ``<slot>``, and waits for the answer under
   :data:`ASSIGN_SCOPE`, key ``<slot>/<nonce>``: an assignment (with ``round``), ``{"exit": why}`` when its slot
-  is no longer part of the job, or ``{"end": why}`` when the job is over.
+  is no longer part of the job (or the driver started a newer process on it, ``id`` being the one it gave each
+  process it started), or ``{"end": why}`` when the job is over.
 - **Abandoned rounds.** When a round breaks while it forms (a worker died before everyone connected), the driver
   puts :data:`ROUNDS_SCOPE` ``<round>.broken``; workers waiting for that round's peers give up at once.
 - **Host notices.** When discovery changes the hosts, the driver puts ``[timestamp, HostUpdateResult]`` under
@@ -34,6 +35,7 @@ ASSIGN_SCOPE = "elastic.assign"
 ROUNDS_SCOPE = "elastic.rounds"
 NOTIFY_SCOPE = "elastic.notify"
 NOTIFY_SEQ_KEY = "notify_seq"
+WORKER_ID_ENV = "HOROVOD_ELASTIC_WORKER_ID"     # which process the driver started on the slot
 POLL_SECONDS = 30.0
 
 _nonces = itertools.count()
@@ -72,7 +74,7 @@ def request_assignment(kv: KVStoreClient, slot: str, after: int) -> Dict[str, An
     ConnectionError when the driver goes away.
     """
     nonce = f"{os.getpid()}.{next(_nonces)}"
-    kv.put(READY_SCOPE, slot, wire.pack({"after": int(after), "nonce": nonce}))
+    kv.put(READY_SCOPE, slot, wire.pack({"after": int(after), "nonce": nonce, "worker": os.environ.get(WORKER_ID_ENV)}))
     key = f"{slot}/{nonce}"
     while True:
         try:

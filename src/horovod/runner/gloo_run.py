@@ -12,6 +12,7 @@ import queue
 import shlex
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from horovod.common.elastic_rendezvous import WORKER_ID_ENV as ELASTIC_WORKER_ENV
 from horovod.common.wire import SECRET_ENV
 
 from . import ssh
@@ -143,12 +144,12 @@ def launch_gloo_elastic(command: Sequence[str], settings, env: Mapping[str, str]
     if settings.output_filename:
         os.makedirs(settings.output_filename, exist_ok=True)
 
-    def create_worker(slot: SlotInfo, events: queue.SimpleQueue) -> WorkerProcess:
+    def create_worker(slot: SlotInfo, events: queue.SimpleQueue, worker_id: str) -> WorkerProcess:
         if not common:
             common.update(job_env(rendezvous_addr_for(driver.host_assignments), rendezvous.port, settings))
             common["HOROVOD_ELASTIC"] = "1"
-        spec = worker_spec(slot, command, env, common, rendezvous.secret, settings,
-                           ssh_options=ssh.ELASTIC_SSH_OPTIONS)
+        spec = worker_spec(slot, command, env, {**common, ELASTIC_WORKER_ENV: worker_id}, rendezvous.secret,
+                           settings, ssh_options=ssh.ELASTIC_SSH_OPTIONS)
         started[0] += 1
         out_dir = None
         if settings.output_filename:        # one directory per worker started: ranks change across rounds

@@ -14,7 +14,8 @@ Printed lines the tests read (one per event, rank-prefixed by horovodrun):
 Knobs: ``EPOCHS``, ``BATCH``, ``COMMIT_EVERY`` (batches), ``STEP_SLEEP`` (s); ``KILL_HOST`` + ``KILL_AT`` + ``MARKER``:
 the worker on that host SIGKILLs itself at that global step, once per marker file; ``GROW_AT`` / ``SHRINK_AT`` +
 ``HOSTS_FILE`` + ``EXTRA_HOST``: rank 0 appends / removes that line of the discovery's hosts file at that step;
-``RESETS``: raise HostsUpdatedInterrupt at every step until that many resets happened (for the leak test).
+``RESETS``: raise HostsUpdatedInterrupt at every step until that many resets happened (for the leak test);
+``PROGRESS_FILE``: rank 0 writes ``<global step> <size>`` there after every step (for tests that act from outside).
 """
 import hashlib
 import json
@@ -111,6 +112,10 @@ def main() -> None:
                 state.sampler.record_batch(state.batch, BATCH)
                 state.batch += 1
                 state.global_step += 1
+                if os.environ.get("PROGRESS_FILE") and hvd.rank() == 0:
+                    with open(os.environ["PROGRESS_FILE"] + ".tmp", "w") as f:
+                        f.write(f"{state.global_step} {hvd.size()}\n")
+                    os.replace(os.environ["PROGRESS_FILE"] + ".tmp", os.environ["PROGRESS_FILE"])
                 if state.batch % COMMIT_EVERY == 0:
                     state.commit()
                 time.sleep(STEP_SLEEP)

@@ -55,7 +55,7 @@ ELASTIC_TIMEOUT_SECS = 600
 RESET_SETTLE_SECS = 30.0
 GRACE_SECONDS = 3.0
 
-CreateWorker = Callable[[SlotInfo, "queue.SimpleQueue"], WorkerProcess]
+CreateWorker = Callable[[SlotInfo, "queue.SimpleQueue", str], WorkerProcess]
 
 
 class ElasticDriver:
@@ -84,6 +84,8 @@ class ElasticDriver:
         self._round = -1
         self._assignment: Dict[str, SlotInfo] = {}      # slot -> its place in the current round
         self._workers: Dict[str, WorkerProcess] = {}    # slot -> its running process
+        self._worker_ids: Dict[str, str] = {}           # slot -> the id of the process started for it last
+        self._started = 0
         self._waiting: Dict[str, dict] = {}             # slot -> its unanswered request for a round
         self._exits: Dict[str, WorkerExit] = {}         # slot -> how it failed, in the current round
         self._reforming_since: Optional[float] = None
@@ -245,6 +247,11 @@ class ElasticDriver:
             self._answer(slot, request, {"end": "The elastic job is over: other workers finished, so there is no "
                                                 "next round. Every worker must run the same number of steps."})
             return
+        if request.get("worker") != self._worker_ids.get(slot):
+            # A process this driver no longer runs on the slot: one whose ssh session died with its host's link
+            # while it lived on; a newer process has the slot now.
+            self._answer(slot, request, {"exit": "a newer worker took its slot"})
+            return
         member = slot in self._assignment
         if member and request["after"] < self._round and self._reforming_since is None:
             self._answer(slot, request, self._assignment_of(slot))      # a new worker joins the current round
@@ -363,7 +370,9 @@ class ElasticDriver:
                          else {"exit": "its host was removed from the job"})
         for key, info in self._assignment.items():
             if key not in self._workers:
-                self._workers[key] = self._create_worker(info, self.events)
+                self._started += 1
+                self._worker_ids[key] = f"{key}#{self._started}"
+                self._workers[key] = self._create_worker(info, self.events, self._worker_ids[key])
         for stale in range(max(0, self._round - 8), self._round - 1):
             self._store.delete_scope(f"mesh.{stale}")
         log.info("round %d: %d workers on %d host(s): %s", self._round, len(plan), len(current.host_assignment_order),
