@@ -24,7 +24,6 @@ import logging
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,17 +31,10 @@ from typing import Dict, List
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "benchmarks" / "workers"
+sys.path.insert(0, str(ROOT))
+from benchmarks.workers.elastic_common import launch  # noqa: E402
+
 log = logging.getLogger("benchmarks.elastic_recovery")
-
-
-def _env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    # torchrun's default shares its agent's TCP store with the workers without a per-attempt key prefix, so the
-    # restarted workers read the dead attempt's Gloo addresses and fail (torch 2.13); a store per attempt works.
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return env
 
 
 def _free_port() -> int:
@@ -53,10 +45,7 @@ def _free_port() -> int:
 
 def _launch(cmd: List[str], timeout: float) -> None:
     log.info("running: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, env=_env(), cwd=str(ROOT), timeout=timeout, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"job failed (exit {proc.returncode}):\n{proc.stdout[-5000:]}")
+    launch(cmd, timeout)
 
 
 def _stamps(out: Path, prefix: str) -> List[dict]:

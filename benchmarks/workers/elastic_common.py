@@ -1,6 +1,7 @@
-"""What the elastic-training benchmark workers share: the digits model and data of
+"""What the elastic-training benchmarks and their workers share: the digits model and data of
 ``examples/pytorch/pytorch_digits.py`` (loaded from the example itself, so every peer trains the same network),
-and the timestamp files through which the workers tell the benchmark when things happened."""
+the timestamp files through which the workers tell the benchmark when things happened, and how the benchmarks
+launch a job."""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +9,33 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Dict, List
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS_EXAMPLE = ROOT / "examples" / "pytorch" / "pytorch_digits.py"
+
+
+def job_env() -> Dict[str, str]:
+    """The environment of a benchmark job: this checkout importable, one thread per rank."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    # torchrun's default shares its agent's TCP store with the workers without a per-attempt key prefix, so the
+    # restarted workers read the dead attempt's Gloo addresses and fail (torch 2.13); a store per attempt works.
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
+def launch(cmd: List[str], timeout: float) -> None:
+    """Run one job to its end; RuntimeError with the end of its output when it fails."""
+    proc = subprocess.run(cmd, env=job_env(), cwd=str(ROOT), timeout=timeout, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"job failed (exit {proc.returncode}):\n{proc.stdout[-5000:]}")
 
 
 def digits_example() -> ModuleType:

@@ -8,7 +8,8 @@ Timestamps it writes to ``OUT`` (see :func:`benchmarks.workers.elastic_common.st
 - ``error_<pid>``: a survivor's collective failed (HorovodInternalError);
 - ``reset_<pid>``: a survivor re-formed the job (its reset callback, before the state sync);
 - ``first_step_<pid>``: a survivor completed its first step at a new size;
-- ``throughput``: rank 0's time at step ``--warmup`` and at the last step.
+- ``throughput``: rank 0's time at step ``--warmup`` and at the last step, and the time its commits took
+  in between.
 
     horovodrun -np 3 --min-np 2 -H localhost:2,127.0.0.1:1 python benchmarks/workers/elastic_digits.py OUT \
         --steps 60 --kill-step 25
@@ -48,6 +49,16 @@ class Clock:
         self.first_size = hvd.size()
         self.new_size_seen = False
         self.started = 0.0
+        self.commit_seconds = 0.0
+        self.commits = 0
+
+    def commit(self, state: hvd.elastic.TorchState) -> None:
+        """``state.commit()``, timed once the throughput clock runs."""
+        began = time.perf_counter()
+        state.commit()
+        if self.started:
+            self.commit_seconds += time.perf_counter() - began
+            self.commits += 1
 
     def after_step(self, step: int) -> None:
         """Called after each completed step (``step`` counts them from 1)."""
@@ -60,7 +71,7 @@ class Clock:
             self.started = time.time()
         if step == self.args.steps and self.started:
             stamp(self.args.out, "throughput", start=self.started, steps=self.args.steps - self.args.warmup,
-                  size=hvd.size())
+                  size=hvd.size(), commit_seconds=self.commit_seconds, commits=self.commits)
 
 
 def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable:
@@ -123,7 +134,7 @@ def run_elastic(args: argparse.Namespace, model: torch.nn.Module, train_set) -> 
                 state.step += 1
                 sampler.record_batch(0, args.batch_size)
                 if state.step % args.commit_every == 0:
-                    state.commit()
+                    clock.commit(state)
                 clock.after_step(state.step)
             state.epoch += 1
             sampler.set_epoch(state.epoch)
