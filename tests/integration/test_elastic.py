@@ -4,7 +4,9 @@
 the failing worker runs alone on ``127.0.0.1``. Jobs on hosts reached over ssh, with cut links, are in
 ``test_elastic_hosts.py``. The worker is ``workers/elastic_train.py``; its docstring lists the lines read here.
 """
+import os
 import re
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -104,3 +106,41 @@ def test_fifty_resets_leak_no_descriptors_threads_or_shared_memory():
         assert by_reset["5"] == by_reset["50"], f"rank {rank} grew between resets 5 and 50: {by_reset}\n{out}"
     assert any(int(shm) > 0 for by_reset in leaks.values() for _, _, shm in by_reset.values()), \
         "the workers on localhost should share memory: the check would not see a leak"
+
+
+RUN_ELASTIC = """
+import os, signal
+import horovod.runner as hr
+
+def work(marker):
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 20:
+            hvd.allreduce(np.ones(2), name="g")
+            state.step += 1
+            state.commit()
+            if state.step == 5 and os.environ["HOROVOD_HOSTNAME"] == "127.0.0.1" and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return hvd.rank(), hvd.size(), state.step
+
+    return train(state)
+
+print("RESULTS", hr.run(work, args=(MARKER,), np=3, min_np=2, hosts="localhost:2,127.0.0.1:1"))
+"""
+
+
+def test_horovod_run_elastic_returns_the_results_of_the_last_round(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    script = RUN_ELASTIC.replace("MARKER", repr(str(tmp_path / "killed")))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "killed").exists()
+    # upstream returns the first min_np results: the last round's ranks 0 and 1, at size 2
+    assert "RESULTS [(0, 2, 20), (1, 2, 20)]" in result.stdout, result.stdout + result.stderr

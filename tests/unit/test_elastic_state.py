@@ -35,6 +35,18 @@ def test_object_state_commit_restore_sync():
     assert bcast.calls[-1] == {"epoch": 1, "batch": 7}
 
 
+def test_object_state_restores_containers_changed_in_place():
+    state, _ = make_state(seen={0: [1, 2]}, losses=[0.5])
+    state.commit()
+    state.seen[0].append(3)                         # in place, after the commit
+    state.losses.append(0.4)
+    state.restore()
+    assert state.seen == {0: [1, 2]} and state.losses == [0.5]
+    state.losses.append(0.3)                        # the restored copy is not the commit itself
+    state.restore()
+    assert state.losses == [0.5]
+
+
 def test_no_host_update_raises_nothing_but_still_agrees_with_rank_0():
     state, bcast = make_state(x=1)
     state.check_host_updates()
