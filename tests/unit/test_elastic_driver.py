@@ -197,3 +197,24 @@ def test_registry_reset_limit_and_failure_overriding_ready():
     assert registry.decide() is Decision.RESET_LIMIT
     assert registry.reset_limit_message() == ("Horovod was shutdown because number of resets during elastic job "
                                               "exceeded limit: 1")
+
+
+def test_a_worker_gets_the_notices_of_its_round_even_those_sent_before_it_polled(monkeypatch):
+    from horovod.common import elastic_rendezvous
+    from horovod.common.kvstore import KVStoreClient
+
+    server = RendezvousServer()
+    server.start(host="127.0.0.1")
+    try:
+        elastic_rendezvous.publish_notice(server.store, int(HostUpdateResult.removed), 1.0)   # an older round's
+        monkeypatch.setitem(elastic_rendezvous._joined, "notices_from", 1)
+        elastic_rendezvous.publish_notice(server.store, int(HostUpdateResult.added), 2.0)     # before it polled
+        got = queue.SimpleQueue()
+        poller = elastic_rendezvous.NotificationPoller(KVStoreClient("127.0.0.1", server.port, server.key),
+                                                       lambda t, u: got.put((t, u)))
+        elastic_rendezvous.publish_notice(server.store, int(HostUpdateResult.mixed), 3.0)
+        assert got.get(timeout=5) == (2.0, int(HostUpdateResult.added))
+        assert got.get(timeout=5) == (3.0, int(HostUpdateResult.mixed))
+        poller.stop()
+    finally:
+        server.stop(wait=True)

@@ -7,7 +7,8 @@ the authenticated key-value store of :mod:`horovod.common.kvstore`; a worker ope
 - **Rounds.** The driver forms the job in numbered rounds. Each round assigns every slot (``host:local_rank``) a
   rank, size, local and cross rank. A worker that wants to join a round newer than ``after`` puts a request
   ``{"after": after, "nonce": n, "worker": id}`` under :data:`READY_SCOPE`, key ``<slot>``, and waits for the answer under
-  :data:`ASSIGN_SCOPE`, key ``<slot>/<nonce>``: an assignment (with ``round``), ``{"exit": why}`` when its slot
+  :data:`ASSIGN_SCOPE`, key ``<slot>/<nonce>``: an assignment (with ``round``, and ``notices_from``, the first
+  host notice that concerns the round), ``{"exit": why}`` when its slot
   is no longer part of the job (or the driver started a newer process on it, ``id`` being the one it gave each
   process it started), or ``{"end": why}`` when the job is over.
 - **Abandoned rounds.** When a round breaks while it forms (a worker died before everyone connected), the driver
@@ -91,6 +92,15 @@ def round_abandoned(kv: KVStoreClient, round_id: int) -> bool:
     return kv.get(ROUNDS_SCOPE, broken_key(round_id)) is not None
 
 
+_joined = {"notices_from": None}
+
+
+def note_round(answer: Dict[str, Any]) -> None:
+    """Remember where the notices of the round this worker just joined start: a notice published while the worker
+    was still starting up (before its poller ran) is meant for it too."""
+    _joined["notices_from"] = answer.get("notices_from")
+
+
 class NotificationPoller:
     """A worker's daemon thread that long-polls the driver's host notices and delivers them to ``deliver``.
 
@@ -102,8 +112,11 @@ class NotificationPoller:
         self._kv = kv
         self._deliver = deliver
         self._stopped = threading.Event()
-        raw = kv.get(ROUNDS_SCOPE, NOTIFY_SEQ_KEY)
-        self._next = int(raw.decode()) if raw else 0     # notices from before this worker started do not apply
+        if _joined["notices_from"] is not None:
+            self._next = int(_joined["notices_from"])    # notices since this worker's round was formed apply
+        else:
+            raw = kv.get(ROUNDS_SCOPE, NOTIFY_SEQ_KEY)
+            self._next = int(raw.decode()) if raw else 0
         self._thread = threading.Thread(target=self._run, name="horovod-elastic-notices", daemon=True)
         self._thread.start()
 
@@ -129,10 +142,15 @@ class NotificationPoller:
         self._kv.close()
 
 
+def notice_count(store) -> int:
+    """Driver side: how many notices were published so far (the sequence number of the next one)."""
+    raw = store.get(ROUNDS_SCOPE, NOTIFY_SEQ_KEY)
+    return int(raw.decode()) if raw else 0
+
+
 def publish_notice(store, update: int, timestamp: Optional[float] = None) -> int:
     """Driver side: announce a change of hosts to every worker; returns the notice's sequence number."""
-    raw = store.get(ROUNDS_SCOPE, NOTIFY_SEQ_KEY)
-    seq = int(raw.decode()) if raw else 0
+    seq = notice_count(store)
     store.put(NOTIFY_SCOPE, str(seq), wire.pack([time.time() if timestamp is None else timestamp, int(update)]))
     store.put(ROUNDS_SCOPE, NOTIFY_SEQ_KEY, str(seq + 1).encode())
     return seq

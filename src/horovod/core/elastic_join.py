@@ -73,6 +73,7 @@ def assignment() -> Tuple[Topology, int]:
         raise RuntimeError(answer["end"])
     round_id = int(answer["round"])
     _Slot.last_round = round_id
+    elastic_rendezvous.note_round(answer)
     topo = Topology(answer["rank"], answer["size"], answer["local_rank"], answer["local_size"],
                     answer["cross_rank"], answer["cross_size"], _Slot.hostname, SOURCE).validate()
     # As upstream, the topology variables follow the job, for programs (and horovod.run) that read them.

@@ -30,6 +30,7 @@ from horovod.common.elastic_rendezvous import (
     READY_SCOPE,
     ROUNDS_SCOPE,
     broken_key,
+    notice_count,
     publish_notice,
     slot_key,
 )
@@ -82,6 +83,7 @@ class ElasticDriver:
         self._verbose = verbose
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self._round = -1
+        self._notices_from = 0
         self._assignment: Dict[str, SlotInfo] = {}      # slot -> its place in the current round
         self._workers: Dict[str, WorkerProcess] = {}    # slot -> its running process
         self._worker_ids: Dict[str, str] = {}           # slot -> the id of the process started for it last
@@ -361,6 +363,7 @@ class ElasticDriver:
             if not previous & {s.hostname for s in plan}:
                 raise RuntimeError("No hosts from previous set remaining, unable to broadcast state.")
         self._round += 1
+        self._notices_from = notice_count(self._store)
         self._assignment = {slot_key(s.hostname, s.local_rank): s for s in plan}
         self._registry.reset({key: s.hostname for key, s in self._assignment.items()})
         self._reforming_since = None
@@ -381,7 +384,8 @@ class ElasticDriver:
     def _assignment_of(self, slot: str) -> dict:
         info = self._assignment[slot]
         return {"round": self._round, "rank": info.rank, "size": info.size, "local_rank": info.local_rank,
-                "local_size": info.local_size, "cross_rank": info.cross_rank, "cross_size": info.cross_size}
+                "local_size": info.local_size, "cross_rank": info.cross_rank, "cross_size": info.cross_size,
+                "notices_from": self._notices_from}
 
     def _answer(self, slot: str, request: dict, answer: dict) -> None:
         self._store.put(ASSIGN_SCOPE, f"{slot}/{request['nonce']}", wire.pack(answer))
