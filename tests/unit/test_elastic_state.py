@@ -131,3 +131,17 @@ def test_the_notification_manager_reaches_registered_states():
     manager.remove_listener(state)
     manager.handle_hosts_updated(4.0, HostUpdateResult.added)
     state.check_host_updates()
+
+
+def test_run_fn_does_not_retry_when_the_ranks_disagree():
+    """A mismatch is the program's mistake: re-forming the job would meet it again, forever."""
+    state, _ = make_state(step=0)
+    resets = []
+
+    def train(state):
+        raise HorovodInternalError("Mismatched allreduce tensor shapes: rank 0 sent [2], rank 1 sent [3] "
+                                   "(tensor: allreduce.grad)")
+
+    with pytest.raises(HorovodInternalError, match="Mismatched allreduce tensor shapes"):
+        run_fn(train, lambda: resets.append(1))(state)
+    assert resets == []

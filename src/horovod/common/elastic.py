@@ -21,7 +21,7 @@ import queue
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, is_negotiation_error
 
 log = logging.getLogger("horovod.elastic")
 
@@ -206,6 +206,10 @@ def run_fn(func: Callable[..., Any], reset: Callable[[], None]) -> Callable[...,
                     state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as exc:
+                    if is_negotiation_error(exc):
+                        log.error("the ranks disagree about a collective, which re-forming the job cannot fix: %s",
+                                  exc)
+                        raise
                     log.warning("a collective failed (%s): restoring the last commit and re-forming the job", exc)
                     state.restore()
                 except HostsUpdatedInterrupt:

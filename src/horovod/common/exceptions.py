@@ -1,6 +1,8 @@
 """Exceptions that Horovod users catch, with upstream's names and base classes."""
 from __future__ import annotations
 
+import re
+
 
 class HorovodInternalError(RuntimeError):
     """A collective failed on this rank or on a peer (mismatch, dead peer, shutdown).
@@ -45,3 +47,14 @@ SHUT_DOWN_MESSAGE = (
 def not_initialized() -> ValueError:
     """The upstream error for any use of Horovod before ``hvd.init()``."""
     return ValueError(NOT_INITIALIZED_MESSAGE)
+
+
+# What the coordinator reports when the ranks' requests for a tensor disagree (horovod/core/controller/coordinator.py).
+_NEGOTIATION = re.compile(r"Mismatched |Invalid root rank |Cannot REDUCESCATTER |Rank\(s\) [\d, ]+ tried to "
+                          r"|\w+ is not supported with Join")
+
+
+def is_negotiation_error(exc: BaseException) -> bool:
+    """True for the coordinator's verdict that the ranks disagree about a tensor: a HorovodInternalError, as
+    upstream, but a mistake of the program rather than a failure of the job, which no reset can fix."""
+    return isinstance(exc, HorovodInternalError) and bool(_NEGOTIATION.match(str(exc)))

@@ -13,12 +13,15 @@ them with :func:`make`.
 """
 from __future__ import annotations
 
-import re
 from typing import Tuple
 
 import tensorflow as tf
 
-from horovod.common.exceptions import NOT_INITIALIZED_MESSAGE, HorovodInternalError
+from horovod.common.exceptions import (
+    NOT_INITIALIZED_MESSAGE,
+    HorovodInternalError,
+    is_negotiation_error,
+)
 
 
 class FailedPreconditionError(tf.errors.FailedPreconditionError, HorovodInternalError):
@@ -48,16 +51,6 @@ class UnknownError(tf.errors.UnknownError, HorovodInternalError):
 def make(cls, message: str) -> tf.errors.OpError:
     """An instance of one of these classes (or of a ``tf.errors`` class) with ``message``."""
     return cls(None, None, message)
-
-
-# What the coordinator reports when the ranks' requests for a tensor disagree (horovod/core/controller/coordinator.py).
-_NEGOTIATION = re.compile(r"Mismatched |Invalid root rank |Cannot REDUCESCATTER |Rank\(s\) [\d, ]+ tried to "
-                          r"|\w+ is not supported with Join")
-
-
-def is_negotiation_error(exc: BaseException) -> bool:
-    """True for the coordinator's verdict that the ranks disagree about a tensor (not a failure of the job)."""
-    return isinstance(exc, HorovodInternalError) and bool(_NEGOTIATION.match(str(exc)))
 
 
 def translate(exc: BaseException) -> BaseException:
