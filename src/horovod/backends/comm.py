@@ -156,11 +156,22 @@ class Comm:
         future = self._sender.submit(self.socks[dst], send_view)
         try:
             self.recv_into(src, recv_view)
-        finally:
+        except BaseException:
+            # The collective is lost: end the send too rather than wait for it (behind a dead host it would block
+            # until TCP gives up), and report the receive's failure, which came first.
+            try:
+                self.socks[dst].shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 future.result()
-            except OSError as exc:
-                raise self._lost(dst, exc) from None
+            except OSError:
+                pass
+            raise
+        try:
+            future.result()
+        except OSError as exc:
+            raise self._lost(dst, exc) from None
 
     def barrier(self) -> None:
         """Dissemination barrier: ceil(log2(size)) rounds of one-byte exchanges."""

@@ -140,7 +140,20 @@ def recv_msg(sock: socket.socket) -> Any:
     return unpack(recv_exact(sock, n))
 
 
-PEER_TIMEOUT_MS = 4000
+ELASTIC_PEER_TIMEOUT_MS = 4000
+STATIC_PEER_TIMEOUT_MS = 60000
+
+
+def peer_timeout_ms() -> int:
+    """How long sent data may stay unacknowledged before the connection counts as lost (``TCP_USER_TIMEOUT``).
+
+    Linux applies it to a zero window too: a peer that is alive but has not read for that long is dropped. An
+    elastic job recovers from a wrong verdict with a reset, so it detects a silent host in 4 s; a fixed-size job
+    would end, so it waits a minute, which a live peer inside a collective never needs.
+    """
+    from horovod.common import config
+
+    return ELASTIC_PEER_TIMEOUT_MS if config.get("HOROVOD_ELASTIC") else STATIC_PEER_TIMEOUT_MS
 
 
 def tune_socket(sock: socket.socket) -> None:
@@ -149,9 +162,9 @@ def tune_socket(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         # Keepalive finds a silent peer (host down, link cut) after about 4 s when nothing is in flight; the user
-        # timeout does the same when sent data stays unacknowledged (a zero window is not that: its probes are
-        # acknowledged), so a survivor never waits out TCP's 15-minute retransmission limit.
+        # timeout does the same when sent data stays unacknowledged, so a survivor blocked in a send to a cut
+        # host never waits out TCP's 15-minute retransmission limit.
         for opt, value in (("TCP_KEEPIDLE", 1), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3),
-                           ("TCP_USER_TIMEOUT", PEER_TIMEOUT_MS)):
+                           ("TCP_USER_TIMEOUT", peer_timeout_ms())):
             if hasattr(socket, opt):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
