@@ -133,6 +133,9 @@ _KNOBS = [
          "Ready tensors that no rank is waiting for are held until this many bytes are ready (or the bucket "
          "window passes), so that gradients stream in fused buckets; 0 holds them only for the cycle time.",
          ours=True),
+    Knob("HOROVOD_OUTPUT_POOL_BYTES", int, 256 * 1024 * 1024,
+         "Bytes of idle memory kept to back the new arrays that collectives return (reused once the program "
+         "drops them, instead of faulting fresh pages in at every call); 0 disables the pool.", ours=True),
     Knob("HOROVOD_FUSION_BUCKET_MS", float, 25.0,
          "Longest time a ready tensor that no rank is waiting for is held to fill a bucket.", ours=True),
     Knob("HOROVOD_MPI_REDUCE_MAX_BYTES", int, 1024 * 1024,

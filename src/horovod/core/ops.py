@@ -16,7 +16,7 @@ import numpy as np
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
 from horovod.core.controller.messages import make_request
-from horovod.core.engine import Entry
+from horovod.core.engine import Entry, output_pool
 from horovod.core.engine.handles import Handle
 from horovod.core.process_sets import ProcessSet
 
@@ -121,7 +121,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
     name = name or tensor_name("allreduce", None, process_set=process_set)
     if output is None:
-        output = np.empty_like(tensor)
+        output = output_pool.empty_like(tensor)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor)
     engine.enqueue([Entry(request, tensor, output, handle)])
@@ -137,7 +137,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    outputs = [np.empty_like(t) for t in tensors] if outputs is None else list(outputs)
+    outputs = [output_pool.empty_like(t) for t in tensors] if outputs is None else list(outputs)
     base = name or tensor_name("grouped_allreduce", None, process_set=process_set)
     n = len(tensors)
     handle = Handle(base, parts=n, finish=list)
@@ -195,7 +195,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
     dtype = check_array(tensor)
     name = name or tensor_name("broadcast", None, process_set=process_set)
     if output is None:
-        output = np.empty_like(tensor)
+        output = output_pool.empty_like(tensor)
     handle = Handle(name)
     request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank))
     engine.enqueue([Entry(request, tensor, output, handle)])

@@ -16,6 +16,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import TensorResponse
+from horovod.core.engine import output_pool
 
 
 class Executing(Protocol):
@@ -28,7 +29,7 @@ class Executing(Protocol):
 
 
 def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    return np.empty(shape, dtype)
+    return output_pool.empty(shape, dtype)
 
 
 def _allocate(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:
