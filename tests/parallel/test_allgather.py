@@ -88,6 +88,18 @@ def test_allgather_named_repeatedly_with_changing_rows():
                                       * np.ones((1, 2)))
 
 
+def test_fused_allgathers_with_uneven_and_empty_blocks():
+    # Submitted together, same dtype: the coordinator fuses them into one gather, cut apart rank by rank.
+    rank, size = hvd.rank(), hvd.size()
+    specs = [((3,), lambda r: r), ((), lambda r: 2), ((2, 2), lambda r: (r + 1) % 2), ((4,), lambda r: 0),
+             ((1,), lambda r: size - r), ((2,), lambda r: 1 if r == 0 else 0)]
+    for _ in range(2):                               # the second time from the response cache
+        handles = [hvd.allgather_async(rows_of(rank, n(rank), shape, np.float32)) for shape, n in specs]
+        for (shape, n), handle in zip(specs, handles):
+            out = hvd.synchronize(handle)
+            np.testing.assert_array_equal(out, expected([n(r) for r in range(size)], shape, np.float32))
+
+
 def test_allgather_large_crosses_the_shm_chunk():
     rank, size = hvd.rank(), hvd.size()
     n = 1_200_000 + rank * 1001                      # about 4.8 MB per rank, each rank a different size

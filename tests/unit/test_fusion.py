@@ -57,15 +57,28 @@ def test_oversize_tensor_runs_alone():
             assert sum(nbytes(resp(n, 10)) for n in batch) <= 100
 
 
-def test_non_allreduce_is_never_fused():
-    assert FUSIBLE == frozenset({RequestType.ALLREDUCE})
-    others = [RequestType.ALLGATHER, RequestType.BROADCAST, RequestType.ALLTOALL, RequestType.REDUCESCATTER,
-              RequestType.BARRIER]
+def gather(name, rows_per_rank, row=1, dtype=F32):
+    return TensorResponse(name, int(RequestType.ALLGATHER), int(dtype), [row], int(ReduceOp.SUM), 1.0, 1.0, -1,
+                          list(rows_per_rank))
+
+
+def test_only_allreduce_and_allgather_are_fused():
+    assert FUSIBLE == frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER})
+    others = [RequestType.BROADCAST, RequestType.ALLTOALL, RequestType.REDUCESCATTER, RequestType.BARRIER]
     rs = [resp(f"x{i}", 1, rtype=t) for i, t in enumerate(others)] + [resp("a", 1), resp("b", 1)]
-    assert names(plan(rs, 1 << 20)) == [["x0"], ["x1"], ["x2"], ["x3"], ["x4"], ["a", "b"]]
+    assert names(plan(rs, 1 << 20)) == [["x0"], ["x1"], ["x2"], ["x3"], ["a", "b"]]
     # The same kind twice is still not fused.
-    assert names(plan([resp("g1", 1, rtype=RequestType.ALLGATHER), resp("g2", 1, rtype=RequestType.ALLGATHER)],
-                      1 << 20)) == [["g1"], ["g2"]]
+    assert names(plan([resp("s1", 1, rtype=RequestType.BROADCAST), resp("s2", 1, rtype=RequestType.BROADCAST)],
+                      1 << 20)) == [["s1"], ["s2"]]
+
+
+def test_allgathers_fuse_by_dtype_and_count_their_whole_output():
+    assert nbytes(gather("g", [2, 3], row=4)) == (2 + 3) * 4 * 4
+    rs = [gather("g1", [1, 1], row=5), resp("a", 10), gather("g2", [2, 0], row=5), gather("g3", [1, 1], dtype=F64),
+          gather("g4", [3, 3], row=5)]
+    # g1 + g2 = 80 bytes and g4 has 120: together just over a 199-byte threshold, exactly at a 200-byte one
+    assert names(plan(rs, 199)) == [["g1", "g2"], ["a"], ["g3"], ["g4"]]
+    assert names(plan(rs, 200)) == [["g1", "g2", "g4"], ["a"], ["g3"]]      # allreduces never join allgathers
 
 
 def test_order_within_a_batch_and_of_batches_is_deterministic():

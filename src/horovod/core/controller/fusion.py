@@ -1,7 +1,8 @@
 """Tensor Fusion planning: which ready responses share one buffer and one backend call.
 
 The coordinator plans; every rank executes the plan. Allreduce responses with the same dtype, reduce op and
-scale factors are packed greedily, in readiness order, while the batch stays within the fusion threshold.
+scale factors, and allgather responses with the same dtype, are packed greedily, in readiness order, while the
+batch stays within the fusion threshold (an allgather counts with its whole output).
 A response that does not match the open batch does not close it: later responses may still join it (the
 look-ahead upstream uses for mixed fp16/fp32 sequences). Everything else runs alone.
 """
@@ -14,11 +15,15 @@ import numpy as np
 from horovod.common.types import RequestType, numpy_dtype
 from horovod.core.controller.messages import TensorResponse
 
-FUSIBLE = frozenset({RequestType.ALLREDUCE})
+FUSIBLE = frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER})
 
 
 def nbytes(response: TensorResponse) -> int:
-    return response.numel() * numpy_dtype(response.dtype).itemsize
+    """The bytes a response puts in the fused buffer: an allreduce's tensor, an allgather's whole output."""
+    elements = response.numel()
+    if response.rtype == RequestType.ALLGATHER:
+        elements *= sum(response.extra)         # numel() is one row; extra has every rank's row count
+    return elements * numpy_dtype(response.dtype).itemsize
 
 
 def plan(responses: List[TensorResponse], threshold: int) -> List[List[TensorResponse]]:

@@ -72,6 +72,9 @@ def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
 
 
 def allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    if len(batch) > 1:
+        _fused_allgather(ctx, batch, entries)
+        return
     first, entry = batch[0], entries[0]
     row = _row(first.shape)
     counts = [d * row for d in first.extra]
@@ -79,6 +82,40 @@ def allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
     with activity(ctx.backend.op_label("ALLGATHER", out.nbytes)):
         ctx.backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
     entry.handle.set_result(entry.index, out)
+
+
+def _fused_allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    """Several allgathers as one: each rank sends its inputs back to back, and every output is cut out of the
+    gathered buffer, rank by rank (upstream's layout: rank r's block holds its rows of every tensor, in order)."""
+    dtype = numpy_dtype(batch[0].dtype)
+    rows = [_row(response.shape) for response in batch]
+    # elements[t][r]: what rank r contributes to tensor t
+    elements = [[d * row for d in response.extra] for response, row in zip(batch, rows)]
+    counts = [sum(per_rank[r] for per_rank in elements) for r in range(ctx.size)]
+    send = output_pool.empty((counts[ctx.rank],), dtype)
+    with activity("MEMCPY_IN_FUSION_BUFFER"):
+        start = 0
+        for entry, per_rank in zip(entries, elements):
+            send[start:start + per_rank[ctx.rank]] = entry.tensor.reshape(-1)
+            start += per_rank[ctx.rank]
+    gathered = output_pool.empty((sum(counts),), dtype)
+    with activity(ctx.backend.op_label("ALLGATHER", gathered.nbytes)):
+        ctx.backend.allgatherv(send, gathered, counts)
+    outputs = [_allocate(entry, (sum(response.extra), *response.shape), dtype)
+               for response, entry in zip(batch, entries)]
+    with activity("MEMCPY_OUT_FUSION_BUFFER"):
+        block = 0                                   # where rank r's block starts in the gathered buffer
+        written = [0] * len(batch)                  # how much of each output is filled
+        for r in range(ctx.size):
+            offset = block
+            for t, out in enumerate(outputs):
+                n = elements[t][r]
+                out.reshape(-1)[written[t]:written[t] + n] = gathered[offset:offset + n]
+                written[t] += n
+                offset += n
+            block += counts[r]
+    for entry, out in zip(entries, outputs):
+        entry.handle.set_result(entry.index, out)
 
 
 def broadcast(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
