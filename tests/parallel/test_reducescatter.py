@@ -100,6 +100,20 @@ def test_reducescatter_async_and_grouped():
         check(hvd.synchronize(h), (size + k, 2), np.float32, hvd.Sum)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32], ids=dtype_id)
+def test_fused_reducescatters_with_scaling_and_ranks_without_rows(dtype):
+    # Submitted together with one dtype, op and scales: the coordinator fuses them into one reducescatter.
+    rank, size = hvd.rank(), hvd.size()
+    shapes = [(size * 2 + 1, 3), (1, 2), (size,), (size + 1, 2, 2), (max(1, size - 1),)]
+    for op in (hvd.Sum, hvd.Average):
+        for _ in range(2):                          # the second time from the response cache
+            handles = [hvd.reducescatter_async(contribution(rank, s, dtype), op=op, prescale_factor=2.0,
+                                               postscale_factor=0.5, name=f"fused.rs.{i}")
+                       for i, s in enumerate(shapes)]
+            for s, handle in zip(shapes, handles):
+                check(hvd.synchronize(handle), s, dtype, op, prescale=2.0, postscale=0.5)
+
+
 def test_reducescatter_named_repeatedly():
     rank, size = hvd.rank(), hvd.size()
     for step in range(4):

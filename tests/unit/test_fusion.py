@@ -62,11 +62,15 @@ def gather(name, rows_per_rank, row=1, dtype=F32):
                           list(rows_per_rank))
 
 
-def test_only_allreduce_and_allgather_are_fused():
-    assert FUSIBLE == frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER})
-    others = [RequestType.BROADCAST, RequestType.ALLTOALL, RequestType.REDUCESCATTER, RequestType.BARRIER]
+def test_only_allreduce_allgather_and_reducescatter_are_fused():
+    assert FUSIBLE == frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
+    others = [RequestType.BROADCAST, RequestType.ALLTOALL, RequestType.BARRIER]
     rs = [resp(f"x{i}", 1, rtype=t) for i, t in enumerate(others)] + [resp("a", 1), resp("b", 1)]
-    assert names(plan(rs, 1 << 20)) == [["x0"], ["x1"], ["x2"], ["x3"], ["a", "b"]]
+    assert names(plan(rs, 1 << 20)) == [["x0"], ["x1"], ["x2"], ["a", "b"]]
+    # reducescatters fuse among themselves, by dtype, op and scale factors, never with allreduces
+    rs = [resp("r1", 4, rtype=RequestType.REDUCESCATTER), resp("a", 4), resp("r2", 4, rtype=RequestType.REDUCESCATTER),
+          resp("r3", 4, rtype=RequestType.REDUCESCATTER, pre=2.0)]
+    assert names(plan(rs, 1 << 20)) == [["r1", "r2"], ["a"], ["r3"]]
     # The same kind twice is still not fused.
     assert names(plan([resp("s1", 1, rtype=RequestType.BROADCAST), resp("s2", 1, rtype=RequestType.BROADCAST)],
                       1 << 20)) == [["s1"], ["s2"]]

@@ -1,7 +1,7 @@
 """Tensor Fusion planning: which ready responses share one buffer and one backend call.
 
-The coordinator plans; every rank executes the plan. Allreduce responses with the same dtype, reduce op and
-scale factors, and allgather responses with the same dtype, are packed greedily, in readiness order, while the
+The coordinator plans; every rank executes the plan. Allreduce and reducescatter responses with the same dtype,
+reduce op and scale factors, and allgather responses with the same dtype, are packed greedily, in readiness order, while the
 batch stays within the fusion threshold (an allgather counts with its whole output).
 A response that does not match the open batch does not close it: later responses may still join it (the
 look-ahead upstream uses for mixed fp16/fp32 sequences). Everything else runs alone.
@@ -15,7 +15,7 @@ import numpy as np
 from horovod.common.types import RequestType, numpy_dtype
 from horovod.core.controller.messages import TensorResponse
 
-FUSIBLE = frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER})
+FUSIBLE = frozenset({RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
 
 
 def nbytes(response: TensorResponse) -> int:

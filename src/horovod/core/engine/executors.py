@@ -143,10 +143,18 @@ def alltoall(ctx: Executing, batch: List[TensorResponse], entries: List[Optional
     entry.handle.set_result(entry.index, (out, np.asarray(received, np.int32)))
 
 
+def _split_rows(shape, size: int) -> List[int]:
+    """Upstream's reducescatter split: ``shape[0] // size`` rows each, one more for the first remainder ranks."""
+    return [shape[0] // size + (1 if r < shape[0] % size else 0) for r in range(size)]
+
+
 def reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    if len(batch) > 1:
+        _fused_reducescatter(ctx, batch, entries)
+        return
     first, entry = batch[0], entries[0]
     shape, size = first.shape, ctx.size
-    rows = [shape[0] // size + (1 if r < shape[0] % size else 0) for r in range(size)]
+    rows = _split_rows(shape, size)
     row = _row(shape[1:])
     out = _allocate(entry, (rows[ctx.rank], *shape[1:]), numpy_dtype(first.dtype))
     inp = entry.tensor.reshape(-1)
@@ -159,6 +167,38 @@ def reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Opt
         ctx.backend.reducescatter(inp, out.reshape(-1), [r * row for r in rows], op)
     scale_inplace(out, postscale)
     entry.handle.set_result(entry.index, out)
+
+
+def _fused_reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
+    """Several reducescatters (same dtype, op and scales) as one: the fused buffer holds, for each rank in turn,
+    that rank's rows of every tensor, so one reducescatter leaves each rank its rows of all of them."""
+    first, size = batch[0], ctx.size
+    dtype = numpy_dtype(first.dtype)
+    layouts = [(_split_rows(response.shape, size), _row(response.shape[1:])) for response in batch]
+    counts = [sum(rows[r] * row for rows, row in layouts) for r in range(size)]
+    send = output_pool.empty((sum(counts),), dtype)
+    with activity("MEMCPY_IN_FUSION_BUFFER"):
+        position, taken = 0, [0] * len(batch)
+        for r in range(size):
+            for t, (entry, (rows, row)) in enumerate(zip(entries, layouts)):
+                n = rows[r] * row
+                scaled_copy(send[position:position + n], entry.tensor.reshape(-1)[taken[t]:taken[t] + n],
+                            first.prescale)
+                taken[t] += n
+                position += n
+    received = output_pool.empty((counts[ctx.rank],), dtype)
+    op, postscale = summed(first.reduce_op, first.postscale, size)
+    with activity(ctx.backend.op_label("REDUCESCATTER", send.nbytes)):
+        ctx.backend.reducescatter(send, received, counts, op)
+    with activity("MEMCPY_OUT_FUSION_BUFFER"):
+        position = 0
+        for response, entry, (rows, row) in zip(batch, entries, layouts):
+            out = _allocate(entry, (rows[ctx.rank], *response.shape[1:]), dtype)
+            n = rows[ctx.rank] * row
+            out.reshape(-1)[:] = received[position:position + n]
+            position += n
+            scale_inplace(out, postscale)
+            entry.handle.set_result(entry.index, out)
 
 
 def barrier(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
