@@ -39,6 +39,7 @@ ONCE = {0: ["call", "enqueue", "enqueued", "request_0", "request_1", "send_L", "
         1: ["call", "enqueue", "send_R", "sent_R", "enqueued", "apply", "plane", "barrier", "barrier_done",
             "plane_done", "completed", "return"]}
 WAKES = ("unblock", "poll_hit")
+TAIL_ONLY = 10
 
 
 def pct(values: List[float], q: float) -> float:
@@ -98,6 +99,7 @@ def _wake(events: List[list], lo: int, hi: int) -> Tuple[str, int]:
 def stages(ranks: List[dict], n: int) -> Tuple[Dict[str, List[float]], Dict[str, int]]:
     """Per-op stage durations (µs) from both ranks' stamps, and how each engine thread woke."""
     ev = [r["stamped"] for r in ranks]
+    n -= TAIL_ONLY          # the first ops' earliest stamps may predate the clear on the other rank
     t = [{tag: _last(ev[r], tag, n) for tag in ONCE[r]} for r in (0, 1)]
     missing = [f"rank {r} {tag}" for r in (0, 1) for tag, v in t[r].items() if v is None]
     if missing:
@@ -167,9 +169,10 @@ def report_job(name: str, run: int, ranks: List[dict], iters: int) -> dict:
     print("  stamped op, median µs (p90):")
     for label, values in per_stage.items():
         print(f"    {label:<52} {pct(values, 0.5):7.1f}  ({pct(values, 0.9):7.1f})")
-    print("  engine wake-ups: " + ", ".join(f"{k} {v / iters:.0%}" for k, v in sorted(wakes.items())))
+    counted = iters - TAIL_ONLY
+    print("  engine wake-ups: " + ", ".join(f"{k} {v / counted:.0%}" for k, v in sorted(wakes.items())))
     summary["stages"] = {k: [pct(v, 0.1), pct(v, 0.5), pct(v, 0.9)] for k, v in per_stage.items()}
-    summary["wakes"] = {k: v / iters for k, v in wakes.items()}
+    summary["wakes"] = {k: v / counted for k, v in wakes.items()}
     return summary
 
 
