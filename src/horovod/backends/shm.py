@@ -255,15 +255,23 @@ class ShmBackend(Backend):
                 np.copyto(buf, slot)
             return
         self._settle()
-        per = self.seg.chunk // dtype.itemsize
+        # Pipelined through the two halves of the root's slot: while the others copy chunk i out of one half,
+        # the root copies chunk i + 1 into the other, so a step costs the longer of the two copies, not both.
+        half = max(1, self.seg.chunk // 2 // dtype.itemsize)
         slot = self.seg.slot(root, dtype)
-        for base in range(0, buf.size, per):
-            n = min(per, buf.size - base)
+        halves = (slot[:half], slot[half:2 * half])
+        starts = list(range(0, buf.size, half))
+        if self.rank == root:
+            np.copyto(halves[0][:min(half, buf.size)], buf[:half])
+        self.comm.barrier()
+        for step, base in enumerate(starts):
+            n = min(half, buf.size - base)
             if self.rank == root:
-                np.copyto(slot[:n], buf[base:base + n])
-            self.comm.barrier()
-            if self.rank != root:
-                np.copyto(buf[base:base + n], slot[:n])
+                if step + 1 < len(starts):
+                    nxt = starts[step + 1]
+                    np.copyto(halves[(step + 1) % 2][:min(half, buf.size - nxt)], buf[nxt:nxt + half])
+            else:
+                np.copyto(buf[base:base + n], halves[step % 2][:n])
             self.comm.barrier()
 
     def _region(self, owner: int, dest: int, dtype) -> np.ndarray:
