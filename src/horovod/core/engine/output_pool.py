@@ -60,11 +60,13 @@ class OutputPool:
         """Forget idle buffers, oldest first, until the idle ones and ``incoming`` fit in the capacity."""
         idle = [b for b in self._buffers if sys.getrefcount(b) <= _IDLE_REFCOUNT]
         total = sum(b.nbytes for b in idle) + incoming
+        dropped = set()
         for backing in idle:
             if total <= self.capacity:
                 break
             total -= backing.nbytes
-            self._buffers = [b for b in self._buffers if b is not backing]
+            dropped.add(id(backing))
+        self._buffers = [b for b in self._buffers if id(b) not in dropped]
 
     def idle_bytes(self) -> int:
         """Bytes held by buffers that no array refers to (for tests and diagnostics)."""

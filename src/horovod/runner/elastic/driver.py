@@ -59,6 +59,11 @@ GRACE_SECONDS = 3.0
 CreateWorker = Callable[[SlotInfo, "queue.SimpleQueue", str], WorkerProcess]
 
 
+def _placement(slots) -> List[tuple]:
+    """What an assignment decides for each slot, in rank order: equal placements need no re-forming."""
+    return sorted((s.rank, s.size, s.hostname, s.local_rank) for s in slots)
+
+
 class ElasticDriver:
     """Runs one elastic job: ``run(num_proc, create_worker)`` returns when it finished, raises when it failed.
 
@@ -80,7 +85,6 @@ class ElasticDriver:
             timeout = config.get("HOROVOD_ELASTIC_TIMEOUT") if config.is_set("HOROVOD_ELASTIC_TIMEOUT") \
                 else ELASTIC_TIMEOUT_SECS
         self._timeout = float(timeout)
-        self._verbose = verbose
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self._round = -1
         self._notices_from = 0
@@ -186,14 +190,13 @@ class ElasticDriver:
         self._discovery_thread.start()
 
     def _discover(self) -> None:
-        from horovod.runner.elastic import driver as this  # read the frequency at every poll: tests patch it
-
-        while not self._shutdown.wait(this.DISCOVER_HOSTS_FREQUENCY_SECS):
+        # The module's constants are read at every use, so that tests can patch them.
+        while not self._shutdown.wait(DISCOVER_HOSTS_FREQUENCY_SECS):
             try:
                 with self._hosts_lock:
                     update = self._host_manager.update_available_hosts()
             except Exception as exc:
-                log.warning("host discovery failed (retrying in %.0f s): %s", this.DISCOVER_HOSTS_FREQUENCY_SECS, exc)
+                log.warning("host discovery failed (retrying in %.0f s): %s", DISCOVER_HOSTS_FREQUENCY_SECS, exc)
                 continue
             if update != HostUpdateResult.no_update:
                 self.events.put(("hosts", update))
@@ -206,9 +209,7 @@ class ElasticDriver:
         with self._hosts_lock:
             current = self._host_manager.current_hosts
         upcoming = self._plan(current) if current.count_available_slots() >= self._min_np else []
-        if [(s.hostname, s.local_rank, s.rank, s.size) for s in upcoming] == \
-                [(s.hostname, s.local_rank, s.rank, s.size) for s in sorted(self._assignment.values(),
-                                                                           key=lambda s: s.rank)]:
+        if _placement(upcoming) == _placement(self._assignment.values()):
             log.debug("hosts changed (%s) without changing the assignment: no notice", update)
             return
         publish_notice(self._store, int(update))
@@ -304,11 +305,9 @@ class ElasticDriver:
         if self._reforming_since is None:
             return False
         if not self._registry.all_recorded():
-            from horovod.runner.elastic import driver as this
-
-            if time.monotonic() - self._reforming_since < this.RESET_SETTLE_SECS:
+            if time.monotonic() - self._reforming_since < RESET_SETTLE_SECS:
                 return False
-            self._stop_unresponsive(this.RESET_SETTLE_SECS)
+            self._stop_unresponsive(RESET_SETTLE_SECS)
         decision = self._registry.decide()
         if decision is Decision.FINISH:
             self._finishing = True

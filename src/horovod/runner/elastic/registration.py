@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, List, Optional, Set
 
 from . import constants
 from .discovery import HostManager
@@ -100,6 +100,3 @@ class WorkerStateRegistry:
 
     def reset_limit_message(self) -> str:
         return constants.RESET_LIMIT_EXCEEDED_MESSAGE.format(self._reset_limit)
-
-    def hosts_of(self, slots: Iterable[str]) -> List[str]:
-        return sorted({self._hosts[s] for s in slots if s in self._hosts})
