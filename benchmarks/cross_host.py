@@ -1,19 +1,23 @@
 """Allreduce across namespace hosts whose links are limited to 1 Gbit/s: this project against torch Gloo.
 
 Makes 2, then 3 hosts with tests/support/hosts.py's ``namespace_hosts`` (needs root), limits the link towards
-every host to 1 Gbit/s (``tc tbf``), and runs over real ssh:
+every host to 1 Gbit/s (``Host.shape``: ``tc tbf`` with a 1 Mbit bucket and a 2 ms queue), and runs over real
+ssh (``--configs`` picks, ``--rounds`` repeats them, alternating):
 
-- the link's own ceiling: one raw TCP stream from host 1 to host 2;
-- this project through ``horovodrun``: 1 rank per host, and 2 ranks per host with
-  HOROVOD_HIERARCHICAL_ALLREDUCE=1 and =0 (shm inside a host, tcp across: the plane is hierarchical for Sum
-  either way) and with HOROVOD_CPU_OPERATIONS=tcp (one flat ring over every rank);
-- torch.distributed Gloo through one ``torchrun`` agent per host (c10d rendezvous on host 1), 1 and 2 per host.
+- ``raw``: the link's own ceiling: one raw TCP stream from host 1 to host 2, alone and with one the other way;
+- ``ring``, ``hier``, ``flat``, ``tcp``: this project through ``horovodrun``: 1 rank per host (a ring across
+  hosts), and 2 ranks per host hierarchical (the default: shm inside a host, tcp across), with
+  HOROVOD_HIERARCHICAL_ALLREDUCE=0 (one flat tcp ring over every rank) and with HOROVOD_CPU_OPERATIONS=tcp;
+- ``gloo``: torch.distributed Gloo through one ``torchrun`` agent per host (c10d rendezvous on host 1), 1 and
+  2 ranks per host.
 
 Each job times 64 MB float32 allreduces (each after a barrier, after a warm-up) and 4 KB allreduces (batches of
-back-to-back calls). Then, if the kernel has ``sch_netem``, 0.2 ms is added to every link and the 4 KB latency is
-measured again. Prints a markdown table; ``--json`` keeps the raw samples.
+back-to-back calls). Then, if the kernel has ``sch_netem`` (and without ``--skip-latency``), 0.2 ms is added to
+every link and the 4 KB latency is measured again. Prints a markdown table (rounds merged: best, median and
+worst of every sample); ``--json`` keeps the raw rows.
 
-    sudo python benchmarks/cross_host.py [--hosts 2,3] [--iters 5] [--json out.json]
+    sudo python benchmarks/cross_host.py [--hosts 2,3] [--iters 5] [--configs raw,ring,hier,flat,gloo]
+                                         [--rounds 1] [--skip-latency] [--json out.json]
 
 Link utilisation is the lower bound on the bytes any allreduce must bring into each host, 2(h-1)/h x 64 MB for
 h hosts (a ring with one rank per host moves exactly that: its busbw), over the time taken, over 125 MB/s.
@@ -138,27 +142,50 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split(" ")[0]
 
 
-def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
-    """Every configuration on ``count`` fresh namespace hosts; one row per configuration."""
-    rows: List[dict] = []
+CONFIGS = {  # name -> (label, ranks per host, environment); "raw" and "gloo" are handled apart
+    "ring": ("ours, 1 rank/host (ring)", 1, {}),
+    "hier": ("ours, 2 ranks/host, hierarchical (default)", 2, {}),
+    "flat": ("ours, 2 ranks/host, HOROVOD_HIERARCHICAL_ALLREDUCE=0 (flat ring)", 2,
+             {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
+    "tcp": ("ours, 2 ranks/host, HOROVOD_CPU_OPERATIONS=tcp (flat ring)", 2, {"HOROVOD_CPU_OPERATIONS": "tcp"}),
+}
+DEFAULT_CONFIGS = "raw,ring,hier,flat,gloo"
+
+
+def measure_once(cluster: HostCluster, names: Sequence[str], args: argparse.Namespace) -> List[dict]:
+    """One row per configuration in ``names``, each run once on ``cluster``."""
+    count, rows = len(cluster.hosts), []
     worker = [str(args.warmup), str(args.iters), str(args.small_batches), str(args.small_calls)]
-    configs = [("ours, 1 rank/host", 1, {}), ("ours hierarchical=1, 2 ranks/host", 2,
-                                              {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}),
-               ("ours hierarchical=0, 2 ranks/host", 2, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
-               ("ours flat tcp ring, 2 ranks/host", 2, {"HOROVOD_CPU_OPERATIONS": "tcp"})]
+    for name in names:
+        if name == "raw":
+            for both_ways in (False, True):
+                rows.append({"hosts": count, "config": "raw TCP, " + ("2 streams opposite ways" if both_ways
+                                                                       else "1 stream"),
+                             "load": load(), "ceiling": link_ceiling(cluster, both_ways)})
+        elif name == "gloo":
+            for slots in (1, 2):
+                rows.append({"hosts": count, "config": f"torch Gloo (torchrun), {slots} rank(s)/host",
+                             "load": load(), "result": run_gloo(cluster, slots, worker, args.timeout)})
+        else:
+            label, slots, extra = CONFIGS[name]
+            rows.append({"hosts": count, "config": label, "load": load(),
+                         "result": run_horovod(cluster, slots, extra, worker, args.timeout)})
+    return rows
+
+
+def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
+    """The chosen configurations on ``count`` fresh namespace hosts, alternated ``--rounds`` times."""
+    names = [n for n in args.configs.split(",") if n]
+    unknown = set(names) - set(CONFIGS) - {"raw", "gloo"}
+    if unknown:
+        raise SystemExit(f"unknown --configs {sorted(unknown)}: choose from raw, gloo, {', '.join(CONFIGS)}")
+    rows: List[dict] = []
     with namespace_hosts(count) as cluster:
         shape_all(cluster)
-        for both_ways in (False, True):
-            rows.append({"hosts": count, "config": "raw TCP, " + ("2 streams opposite ways" if both_ways else
-                                                                   "1 stream (ceiling)"),
-                         "ceiling": link_ceiling(cluster, both_ways), "load": load()})
-        for name, slots, extra in configs:
-            rows.append({"hosts": count, "config": name, "load": load(),
-                         "result": run_horovod(cluster, slots, extra, worker, args.timeout)})
-        if not args.skip_gloo:
-            for slots in (1, 2):
-                rows.append({"hosts": count, "config": f"torch Gloo (torchrun), {slots} rank(s)/host", "load": load(),
-                             "result": run_gloo(cluster, slots, worker, args.timeout)})
+        for _ in range(args.rounds):
+            rows += measure_once(cluster, names, args)
+        if args.skip_latency:
+            return rows
         try:
             shape_all(cluster, DELAY_MS)
         except ShapingUnavailable as exc:
@@ -168,48 +195,74 @@ def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
         small_only = ["0", "0", str(args.small_batches), str(args.small_calls)]
         rows.append({"hosts": count, "config": f"ours, 1 rank/host, +{DELAY_MS} ms", "load": load(),
                      "result": run_horovod(cluster, 1, {}, small_only, args.timeout)})
-        if not args.skip_gloo:
+        if "gloo" in names:
             rows.append({"hosts": count, "config": f"torch Gloo, 1 rank/host, +{DELAY_MS} ms", "load": load(),
                          "result": run_gloo(cluster, 1, small_only, args.timeout)})
     return rows
 
 
+def merge(rows: List[dict]) -> List[dict]:
+    """Rows of the same hosts and configuration (one per round) as one, with every sample and every load."""
+    merged: Dict[tuple, dict] = {}
+    for row in rows:
+        into = merged.setdefault((row["hosts"], row["config"]), {
+            "hosts": row["hosts"], "config": row["config"], "loads": [], "ceilings": [], "failed": 0,
+            "skipped": row.get("skipped"), "big": [], "small": [], "big_bytes": 0})
+        if "load" in row:
+            into["loads"].append(row["load"])
+        if "ceiling" in row:
+            into["ceilings"].append(row["ceiling"])
+        elif row.get("result"):
+            into["big"] += row["result"]["big"]
+            into["small"] += row["result"]["small"]
+            into["big_bytes"] = row["result"]["big_bytes"]
+        elif "skipped" not in row:
+            into["failed"] += 1
+    return list(merged.values())
+
+
 def summarise(row: dict) -> dict:
-    """Best and median 64 MB time, algbw, busbw (one rank per host ring) and link %, and 4 KB latency."""
-    result, hosts = row.get("result"), row["hosts"]
-    if not result:
-        return {}
-    out = {"small_us": statistics.median(result["small"]) * 1e6 if result["small"] else None}
-    if result["big"]:
-        factor = 2 * (hosts - 1) / hosts
-        for key, t in (("best", min(result["big"])), ("median", statistics.median(result["big"]))):
-            algbw = result["big_bytes"] / t
-            out[key] = {"seconds": t, "algbw": algbw / 1e6, "busbw": factor * algbw / 1e6,
-                        "link": factor * algbw / LINK_BYTES_PER_S}
+    """A merged row's 4 KB median latency and its 64 MB algbw, busbw and link share, each best/median/worst."""
+    out: dict = {"small_us": statistics.median(row["small"]) * 1e6 if row["small"] else None}
+    factor = 2 * (row["hosts"] - 1) / row["hosts"]
+    for key, pick in (("best", min), ("median", statistics.median), ("worst", max)):
+        if row["big"]:
+            algbw = row["big_bytes"] / pick(row["big"])
+            out[key] = {"algbw": algbw / 1e6, "busbw": factor * algbw / 1e6,
+                        "link": 100 * factor * algbw / LINK_BYTES_PER_S}
     return out
 
 
+def _cell(values: List[float]) -> str:
+    """``best (median) [worst]`` of a figure; the value alone when there is one."""
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{max(values):.1f} ({statistics.median(values):.1f}) [{min(values):.1f}]"
+
+
 def table(rows: List[dict]) -> str:
-    """Markdown: per hosts and configuration, 64 MB algbw/busbw/link % (best, median) and 4 KB latency."""
-    lines = ["| hosts | configuration | 64 MB algbw MB/s best (median) | busbw MB/s best (median) | "
-             "% of link best (median) | 4 KB latency µs | load |", "|---|---|---|---|---|---|---|"]
-    for row in rows:
-        if "ceiling" in row:
-            c = row["ceiling"]
-            cell = f"{c / 1e6:.1f} ({c / LINK_BYTES_PER_S:.0%} of 125 MB/s)" if c else "failed"
-            lines.append(f"| {row['hosts']} | {row['config']} | – | {cell} | – | – | {row['load']} |")
+    """Markdown: per hosts and configuration, 64 MB algbw/busbw/link % (best, median, worst), 4 KB latency."""
+    lines = ["| hosts | configuration | 64 MB algbw MB/s best (median) [worst] | busbw MB/s | % of link | "
+             "4 KB latency µs (median) | samples | load |", "|---|---|---|---|---|---|---|---|"]
+    for row in merge(rows):
+        head, loads = f"| {row['hosts']} | {row['config']} |", ", ".join(row["loads"])
+        if row["skipped"]:
+            lines.append(f"{head} skipped: {row['skipped'][:80]} | | | | | |")
             continue
-        if "skipped" in row:
-            lines.append(f"| {row['hosts']} | {row['config']} | skipped: {row['skipped'][:80]} | | | | |")
+        if row["ceilings"]:
+            ok = [c for c in row["ceilings"] if c]
+            cells = ["–", _cell([c / 1e6 for c in ok]), _cell([100 * c / LINK_BYTES_PER_S for c in ok])] \
+                if ok else ["failed", "", ""]
+            lines.append(f"{head} {' | '.join(cells)} | – | {len(ok)} | {loads} |")
             continue
         s = summarise(row)
-        if not s:
-            lines.append(f"| {row['hosts']} | {row['config']} | failed | | | | {row.get('load', '')} |")
-            continue
-        big = [f"{s['best'][k] * (100 if k == 'link' else 1):.1f} ({s['median'][k] * (100 if k == 'link' else 1):.1f})"
-               for k in ("algbw", "busbw", "link")] if "best" in s else ["–"] * 3
+        big = ["–"] * 3
+        if row["big"]:
+            big = [f"{s['best'][f]:.1f} ({s['median'][f]:.1f}) [{s['worst'][f]:.1f}]"
+                   for f in ("algbw", "busbw", "link")]
         small = f"{s['small_us']:.0f}" if s["small_us"] is not None else "–"
-        lines.append(f"| {row['hosts']} | {row['config']} | " + " | ".join(big) + f" | {small} | {row['load']} |")
+        samples = f"{len(row['big'])}" + (f", {row['failed']} runs failed" if row["failed"] else "")
+        lines.append(f"{head} " + " | ".join(big) + f" | {small} | {samples} | {loads} |")
     return "\n".join(lines)
 
 
@@ -220,7 +273,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--iters", type=int, default=5, help="timed 64 MB allreduces")
     parser.add_argument("--small-batches", type=int, default=5)
     parser.add_argument("--small-calls", type=int, default=200, help="4 KB allreduces per batch")
-    parser.add_argument("--skip-gloo", action="store_true")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated, run in this order each round: raw, gloo, {', '.join(CONFIGS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the configurations, alternating")
+    parser.add_argument("--skip-latency", action="store_true", help="no netem run")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
     parser.add_argument("--json", help="write the raw rows here")
     args = parser.parse_args(argv)
