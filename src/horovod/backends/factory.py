@@ -74,6 +74,12 @@ def make_backend(mesh: Mesh, job: str, generation: Generation,
     if choice == "SHM":
         log.warning("HOROVOD_CPU_OPERATIONS=shm but the job spans %d hosts; using shm inside hosts and %s "
                     "between them.", len(by_host), "mpi" if mpi_usable else "tcp")
+    if config.is_set("HOROVOD_HIERARCHICAL_ALLREDUCE") and not config.get("HOROVOD_HIERARCHICAL_ALLREDUCE"):
+        if mpi_usable:
+            return MPIBackend(mpi.comm), (f"mpi ({mpi.library}): one flat plane over the {len(by_host)} hosts, "
+                                          "as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks")
+        return TcpBackend(comm), (f"tcp: one flat ring over the {len(by_host)} hosts, as "
+                                  "HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks (unset, the plane is hierarchical)")
     sizes = {len(v) for v in by_host.values()}
     local_index = local.index(rank)
     if mpi_usable:

@@ -65,8 +65,10 @@ _KNOBS = [
     Knob("HOROVOD_CYCLE_TIME", float, 1.0, "Milliseconds between negotiation cycles while ops keep arriving."),
     Knob("HOROVOD_CACHE_CAPACITY", int, 1024, "Response cache entries; 0 disables the cache."),
     Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", parse_bool, False,
-         "Hierarchical Adasum on several hosts: sum inside each host, Adasum across hosts (docs/adasum.md). "
-         "Sum/Average across hosts are hierarchical anyway (shm in host, tcp across); autotune leaves it alone."),
+         "On several hosts, 1 also makes Adasum hierarchical: sum inside each host, Adasum across hosts "
+         "(docs/adasum.md). Sum/Average across hosts are hierarchical (shm in host, tcp or MPI across) unless it "
+         "is set to 0, which selects one flat ring over every rank (upstream's default); autotune leaves it "
+         "alone."),
     Knob("HOROVOD_HIERARCHICAL_ALLGATHER", parse_bool, False,
          "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway; "
          "autotune leaves it alone when set.", inert=True),
