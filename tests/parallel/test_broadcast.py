@@ -63,6 +63,22 @@ def test_broadcast_large_crosses_the_shm_chunk():
     np.testing.assert_array_equal(t, (np.arange(n) % 1009).astype(np.float32))
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.int32, np.float64], ids=dtype_id)
+def test_broadcast_large_from_every_root_single_copy(dtype):
+    """Above the shm plane's single-copy threshold (1 MB) the root writes a part into each peer and the peers
+    read the rest straight from the root: every root, lengths that are not whole pages, out of place too."""
+    rank, size = hvd.rank(), hvd.size()
+    for count in (1_100_003, 3_000_000 // np.dtype(dtype).itemsize + 5):
+        for root in range(size):
+            want = value_of(root, (count,), dtype)
+            t = value_of(rank, (count,), dtype)
+            out = hvd.broadcast(t, root_rank=root, name=f"bcast.large.{count}.{root}")
+            np.testing.assert_array_equal(out, want, err_msg=f"root {root}, {count} elements")
+            np.testing.assert_array_equal(t, value_of(rank, (count,), dtype))
+            hvd.broadcast_(t, root_rank=root, name=f"bcast.large_.{count}.{root}")
+            np.testing.assert_array_equal(t, want, err_msg=f"in place, root {root}, {count} elements")
+
+
 def test_broadcast_object_dicts_arrays_and_lambdas():
     rank, size = hvd.rank(), hvd.size()
     for root in range(size):

@@ -9,26 +9,44 @@ ranks see identical bits. After another barrier, every rank copies the result ou
 Barriers are one-byte socket exchanges between local ranks, so waiting releases the GIL instead of
 spinning.
 
+Large broadcasts copy once instead of twice where the kernel allows cross-memory copies
+(:mod:`horovod.backends.cma`): each rank publishes its buffer's address in a small header after the slots,
+and the ranks copy straight between their buffers, with no slot in between, the root writing one part into
+every peer while the peers read the rest. The ranks probe this once when the segment is made, agree, and keep
+the slot path when any of them is refused. Allgather stays on the slots: it is bound by memory bandwidth, and
+a single-copy read fetches every block from memory twice (once per reader) where the slot path fetches it once
+and its second copy stays in cache (docs/benchmarks.md, issue 15).
+
 The segment lives in /dev/shm and is unlinked as soon as every local rank has mapped it, so nothing is left
 behind even if a rank is killed.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from horovod.backends import cma
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets
 from horovod.backends.comm import Comm
 from horovod.backends.reduce import combine, reduce_into, scaled_copy
+from horovod.common import config
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
 
+log = logging.getLogger(__name__)
+
 ALIGN = 64
 SMALL_ALLREDUCE_BYTES = 256 * 1024
+# From this size broadcast copies once, by cross-memory reads and writes, where the ranks may use them.
+DIRECT_BROADCAST_BYTES = 1 << 20
+# One 64-byte record per rank after the slots: [pid, buffer address, buffer bytes, -, probe verdict, probe token x2]
+RECORD_WORDS = 8
+PID, ADDRESS, NBYTES, VERDICT, TOKEN = 0, 1, 2, 4, 5
 
 
 def _align_down(n: int, unit: int) -> int:
@@ -41,7 +59,7 @@ class ShmSegment:
     def __init__(self, comm: Comm, tag: str, chunk_bytes: int) -> None:
         self.comm = comm
         self.chunk = _align_down(chunk_bytes, ALIGN * max(1, comm.size))
-        self.nbytes = self.chunk * (comm.size + 1)
+        self.nbytes = self.chunk * (comm.size + 1) + RECORD_WORDS * 8 * comm.size
         path = f"/dev/shm/horovod-{tag}"
         if comm.rank == 0:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -67,7 +85,12 @@ class ShmSegment:
         return self.raw[rank * self.chunk:(rank + 1) * self.chunk].view(dtype)
 
     def result(self, dtype) -> np.ndarray:
-        return self.raw[self.comm.size * self.chunk:].view(dtype)
+        return self.raw[self.comm.size * self.chunk:(self.comm.size + 1) * self.chunk].view(dtype)
+
+    def record(self, rank: int) -> np.ndarray:
+        """Rank ``rank``'s header record (uint64 words, see ``RECORD_WORDS``)."""
+        start = (self.comm.size + 1) * self.chunk + rank * RECORD_WORDS * 8
+        return self.raw[start:start + RECORD_WORDS * 8].view(np.uint64)
 
     def close(self) -> None:
         self.raw = None
@@ -129,6 +152,41 @@ class ShmBackend(Backend):
         # but the other half must first wait for them (every rank runs the same op sequence, so the flag
         # agrees across ranks).
         self._readers_pending = False
+        refused = self._agree_on_cross_memory()
+        self.direct = refused is None
+        if self.direct:
+            log.debug("shm: broadcasts from %d bytes copy once, by cross-memory reads and writes "
+                      "(process_vm_readv/writev)", DIRECT_BROADCAST_BYTES)
+        else:
+            log.debug("shm: broadcasts copy through the shared slots: %s", refused)
+
+    def _agree_on_cross_memory(self) -> Optional[str]:
+        """Whether every local rank may read every other's memory (None), else why not; collective.
+
+        Each rank publishes its pid and the address of 16 random bytes, reads each peer's bytes and compares
+        them with the copy in the peer's record, then all ranks share their verdicts, so that they all choose
+        the same path.
+        """
+        if self.size == 1:
+            return "a single local rank"
+        mine = self.seg.record(self.rank)
+        token = np.frombuffer(os.urandom(16), np.uint8).copy()
+        mine[PID], mine[ADDRESS] = os.getpid(), cma.address(token)
+        mine[TOKEN:TOKEN + 2] = token.view(np.uint64)
+        self.comm.barrier()
+        why = None
+        if not config.get("HOROVOD_SHM_CROSS_MEMORY"):
+            why = "HOROVOD_SHM_CROSS_MEMORY=0"
+        for r in range(self.size):
+            if why is None and r != self.rank:
+                peer = self.seg.record(r)
+                why = cma.probe(int(peer[PID]), int(peer[ADDRESS]), peer[TOKEN:TOKEN + 2].tobytes())
+        mine[VERDICT] = 0 if why is None else 1
+        self.comm.barrier()                           # the peers have read ``token``: it may go
+        refused = [r for r in range(self.size) if self.seg.record(r)[VERDICT]]
+        if not refused:
+            return None
+        return why or f"local rank {refused[0]} may not read its peers' memory (see its debug log)"
 
     def _small_half(self, dtype) -> int:
         """Element offset of the slot half this one-barrier op uses (alternates between calls)."""
@@ -245,6 +303,9 @@ class ShmBackend(Backend):
         if self.size == 1:
             return
         dtype = buf.dtype
+        if self.direct and buf.nbytes >= DIRECT_BROADCAST_BYTES:
+            self._direct_broadcast(buf, root)
+            return
         if buf.nbytes <= self.small_bytes:
             base = self._small_half(dtype)
             slot = self.seg.slot(root, dtype)[base:base + buf.size]
@@ -273,6 +334,38 @@ class ShmBackend(Backend):
             else:
                 np.copyto(buf[base:base + n], halves[step % 2][:n])
             self.comm.barrier()
+
+    # ------------------------------------------------------------ cross-memory paths
+    def _publish(self, array: np.ndarray) -> List[Tuple[int, int]]:
+        """Show the peers where ``array`` lies; returns every rank's (pid, address) once all have published.
+
+        The caller must end its op with a barrier, so that ``array`` stays put while the peers copy, and the
+        records are not overwritten by a next op before every rank has read them here.
+        """
+        mine = self.seg.record(self.rank)
+        mine[ADDRESS], mine[NBYTES] = cma.address(array), array.nbytes
+        self.comm.barrier()
+        return [(int(rec[PID]), int(rec[ADDRESS])) for rec in map(self.seg.record, range(self.size))]
+
+    def _direct_broadcast(self, buf: np.ndarray, root: int) -> None:
+        """Broadcast with one copy, split so that every rank copies as much: the root writes the first 1/size
+        of the buffer into each peer, and each peer reads the rest from the root."""
+        target = buf if buf.flags.c_contiguous else self.scratch("direct", buf.size, buf.dtype)
+        if target is not buf and self.rank == root:
+            np.copyto(target, buf)
+        where = self._publish(target)
+        raw = target.reshape(-1).view(np.uint8)
+        head = raw.nbytes // self.size // 4096 * 4096       # a whole number of pages
+        with activity("SHM_CROSS_MEMORY_READ"):
+            if self.rank == root:
+                for r in range(self.size):
+                    if r != root and head:
+                        cma.write(where[r][0], where[r][1], raw[:head])
+            else:
+                cma.read(where[root][0], where[root][1] + head, raw[head:])
+        self.comm.barrier()
+        if target is not buf and self.rank != root:
+            np.copyto(buf, target)
 
     def _region(self, owner: int, dest: int, dtype) -> np.ndarray:
         per = (self.seg.chunk // self.size) // ALIGN * ALIGN // np.dtype(dtype).itemsize

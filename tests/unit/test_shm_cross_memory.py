@@ -1,0 +1,226 @@
+"""Cross-memory copies (horovod.backends.cma) and the shm plane's single-copy broadcast, in one process.
+
+The ranks are threads of this process (as in test_tcp_algorithms.py), so the cross-memory calls target this
+process's own pid: the kernel path, the probe and the agreement between ranks are real; the refusals a container
+or Yama would give are simulated by replacing the system calls.
+"""
+import ctypes
+import errno
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from horovod.backends import cma, shm
+from tests.unit import test_tcp_algorithms as algorithms
+from tests.unit.test_tcp_algorithms import run_ranks
+
+shm_group = algorithms.shm_group      # the fixture ``shm_group(n, chunk)``: n ShmBackends joined in this process
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """Counts the cross-memory reads and writes the code under test makes."""
+    counts = {"read": 0, "write": 0}
+    lock = threading.Lock()
+    for name in counts:
+        real = getattr(cma, name)
+
+        def counted(*args, _real=real, _name=name):
+            with lock:
+                counts[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(cma, name, counted)
+    return counts
+
+
+# ------------------------------------------------------------------------------------------ cma
+def test_read_and_write_copy_between_addresses():
+    src = np.arange(3 * cma.STEP_BYTES // 8 + 5, dtype=np.int64)     # more than one system call's worth
+    dst = np.zeros_like(src)
+    cma.read(os.getpid(), cma.address(src), dst)
+    np.testing.assert_array_equal(dst, src)
+    back = np.zeros_like(src)
+    cma.write(os.getpid(), cma.address(back), src[: src.size // 2])
+    np.testing.assert_array_equal(back[: src.size // 2], src[: src.size // 2])
+    assert not back[src.size // 2:].any()
+
+
+def test_probe_accepts_a_readable_peer():
+    token = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
+    assert cma.probe(os.getpid(), cma.address(token), token.tobytes()) is None
+    assert token.tobytes() == b"0123456789abcdef"                    # written back unchanged
+
+
+def test_probe_names_a_missing_process():
+    token = np.zeros(16, np.uint8)
+    gone = _pid_of_an_exited_process()
+    why = cma.probe(gone, cma.address(token), token.tobytes())
+    assert why is not None and os.strerror(errno.ESRCH) in why
+
+
+def test_probe_notices_other_bytes_than_the_peer_published():
+    token = np.zeros(16, np.uint8)
+    why = cma.probe(os.getpid(), cma.address(token), b"\1" * 16)
+    assert why is not None and "PID namespaces" in why
+
+
+@pytest.mark.parametrize("code", [errno.EPERM, errno.ENOSYS])
+def test_probe_reports_a_refusal(monkeypatch, code):
+    _refuse(monkeypatch, code)
+    token = np.zeros(16, np.uint8)
+    why = cma.probe(os.getpid(), cma.address(token), token.tobytes())
+    assert why is not None and os.strerror(code) in why
+    with pytest.raises(cma.CrossMemoryError):
+        cma.read(os.getpid(), cma.address(token), np.zeros(16, np.uint8))
+
+
+def _refuse(monkeypatch, code):
+    """Make both system calls fail as a kernel that forbids them would."""
+    def refused(*args):
+        ctypes.set_errno(code)
+        return -1
+
+    monkeypatch.setattr(cma, "_CALLS", (refused, refused))
+
+
+def _pid_of_an_exited_process():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+# ------------------------------------------------------------------------------------ broadcast
+def _broadcast_all(backends, n, dtype, root, contiguous=True):
+    """Broadcast ``n`` elements from ``root``; returns what every rank holds afterwards."""
+    want = (np.arange(n) % 251 + 1).astype(dtype)
+
+    def body(r):
+        if r == root:
+            full = np.repeat(want, 1 if contiguous else 2)
+        else:
+            full = np.zeros(n if contiguous else 2 * n, dtype)      # 0 never occurs in ``want``
+        buf = full if contiguous else full[::2]
+        backends[r].broadcast(buf, root)
+        if not contiguous:
+            assert (full[1::2] == (0 if r != root else want)).all(), "wrote between the strided elements"
+        return buf.copy()
+
+    return want, run_ranks(len(backends), body)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_large_broadcast_copies_once_from_every_root(shm_group, copies, size):
+    backends = shm_group(size)
+    assert all(b.direct for b in backends)
+    n = shm.DIRECT_BROADCAST_BYTES // 4 + 12_345                    # above the threshold, not whole pages
+    for root in range(size):
+        want, got = _broadcast_all(backends, n, np.float32, root)
+        for r, out in enumerate(got):
+            np.testing.assert_array_equal(out, want, err_msg=f"root {root}, rank {r}")
+    assert copies["read"] == size * (size - 1)                      # each peer read its part, every time
+    assert copies["write"] == size * (size - 1)                     # the root wrote its part into each peer
+
+
+@pytest.mark.parametrize("n", [1, 1023, 4096, 3 * 4096 + 1, 300_001])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float16, np.int64, np.complex128])
+def test_direct_broadcast_any_length_and_dtype(shm_group, monkeypatch, copies, n, dtype):
+    monkeypatch.setattr(shm, "DIRECT_BROADCAST_BYTES", 1)            # every size takes the single-copy path
+    backends = shm_group(3)
+    want, got = _broadcast_all(backends, n, dtype, root=1)
+    for out in got:
+        np.testing.assert_array_equal(out, want)
+    assert copies["read"] == 2
+
+
+@pytest.mark.parametrize("root", [0, 1])
+def test_direct_broadcast_of_a_strided_buffer(shm_group, monkeypatch, copies, root):
+    monkeypatch.setattr(shm, "DIRECT_BROADCAST_BYTES", 1)
+    backends = shm_group(2)
+    want, got = _broadcast_all(backends, 100_003, np.int32, root, contiguous=False)
+    for out in got:
+        np.testing.assert_array_equal(out, want)
+    assert copies["read"] == 1
+
+
+def test_small_broadcasts_keep_the_slots(shm_group, copies):
+    backends = shm_group(2)
+    want, got = _broadcast_all(backends, 1000, np.float32, root=0)
+    for out in got:
+        np.testing.assert_array_equal(out, want)
+    assert copies == {"read": 0, "write": 0}
+
+
+# ------------------------------------------------------------------------------------------ fallback
+def test_one_refusing_rank_sends_every_rank_to_the_slots(shm_group, monkeypatch, copies):
+    real, calls, lock = cma.probe, [], threading.Lock()
+
+    def refuse_once(*args):
+        with lock:
+            calls.append(args)
+            first = len(calls) == 1
+        return "cross-memory copy refused: Operation not permitted" if first else real(*args)
+
+    monkeypatch.setattr(cma, "probe", refuse_once)
+    backends = shm_group(3)
+    assert not any(b.direct for b in backends)
+    _check_large_broadcast(backends)
+    assert copies == {"read": 0, "write": 0}
+
+
+def test_refused_system_calls_send_every_rank_to_the_slots(shm_group, monkeypatch, caplog):
+    _refuse(monkeypatch, errno.EPERM)
+    with caplog.at_level("DEBUG", logger="horovod.backends.shm"):
+        backends = shm_group(2)
+    assert not any(b.direct for b in backends)
+    assert "copy through the shared slots" in caplog.text and os.strerror(errno.EPERM) in caplog.text
+    _check_large_broadcast(backends)
+
+
+def test_the_knob_turns_cross_memory_copies_off(shm_group, monkeypatch, copies, caplog):
+    monkeypatch.setenv("HOROVOD_SHM_CROSS_MEMORY", "0")
+    with caplog.at_level("DEBUG", logger="horovod.backends.shm"):
+        backends = shm_group(2)
+    assert not any(b.direct for b in backends)
+    assert "HOROVOD_SHM_CROSS_MEMORY=0" in caplog.text
+    _check_large_broadcast(backends)
+    assert copies == {"read": 0, "write": 0}
+
+
+def test_the_chosen_path_is_logged(shm_group, caplog):
+    with caplog.at_level("DEBUG", logger="horovod.backends.shm"):
+        backends = shm_group(2)
+    assert all(b.direct for b in backends)
+    assert "copy once" in caplog.text
+
+
+def _check_large_broadcast(backends):
+    for root in range(len(backends)):
+        want, got = _broadcast_all(backends, shm.DIRECT_BROADCAST_BYTES // 4 + 777, np.float32, root)
+        for out in got:
+            np.testing.assert_array_equal(out, want)
+
+
+def test_other_collectives_still_work_after_direct_broadcasts(shm_group):
+    """The header records sit after the slots: a direct broadcast must not disturb slot-path collectives."""
+    backends = shm_group(2, chunk=256 * 1024)
+    n = shm.DIRECT_BROADCAST_BYTES // 4 + 1
+
+    def body(r):
+        buf = np.full(n, float(r))
+        backends[r].broadcast(buf, 1)
+        small = np.full(10, r + 1.0)
+        backends[r].broadcast(small, 0)
+        gathered = np.empty(n + 3)
+        backends[r].allgatherv(np.full(n if r == 0 else 3, r + 5.0), gathered, [n, 3])
+        total = np.full(100_000, r + 1.0)
+        backends[r].allreduce_buffer(total, shm.ReduceOp.SUM)
+        return buf, small, gathered, total
+
+    for buf, small, gathered, total in run_ranks(2, body):
+        assert (buf == 1.0).all() and (small == 1.0).all() and (total == 3.0).all()
+        assert (gathered[:n] == 5.0).all() and (gathered[n:] == 6.0).all()
