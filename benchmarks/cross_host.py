@@ -35,7 +35,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -167,18 +167,27 @@ def measure_once(cluster: HostCluster, names: Sequence[str], args: argparse.Name
                 rows.append({"hosts": count, "config": f"torch Gloo (torchrun), {slots} rank(s)/host",
                              "load": load(), "result": run_gloo(cluster, slots, worker, args.timeout)})
         else:
-            label, slots, extra = CONFIGS[name]
+            label, slots, extra = config_spec(name)
             rows.append({"hosts": count, "config": label, "load": load(),
                          "result": run_horovod(cluster, slots, extra, worker, args.timeout)})
     return rows
 
 
+def config_spec(name: str) -> Tuple[str, int, Dict[str, str]]:
+    """A configuration by name, with ``+VARIABLE=value`` suffixes added to its environment and label."""
+    base, *assignments = name.split("+")
+    label, slots, extra = CONFIGS[base]
+    extra = dict(extra, **dict(a.split("=", 1) for a in assignments))
+    return label + "".join(f", {a}" for a in assignments), slots, extra
+
+
 def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
     """The chosen configurations on ``count`` fresh namespace hosts, alternated ``--rounds`` times."""
     names = [n for n in args.configs.split(",") if n]
-    unknown = set(names) - set(CONFIGS) - {"raw", "gloo"}
+    unknown = {n.split("+")[0] for n in names} - set(CONFIGS) - {"raw", "gloo"}
     if unknown:
-        raise SystemExit(f"unknown --configs {sorted(unknown)}: choose from raw, gloo, {', '.join(CONFIGS)}")
+        raise SystemExit(f"unknown --configs {sorted(unknown)}: choose from raw, gloo, {', '.join(CONFIGS)} "
+                         "(ours may take +VARIABLE=value suffixes)")
     rows: List[dict] = []
     with namespace_hosts(count) as cluster:
         shape_all(cluster)
@@ -274,7 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--small-batches", type=int, default=5)
     parser.add_argument("--small-calls", type=int, default=200, help="4 KB allreduces per batch")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help=f"comma-separated, run in this order each round: raw, gloo, {', '.join(CONFIGS)}")
+                        help=f"comma-separated, run in this order each round: raw, gloo, {', '.join(CONFIGS)}; "
+                        "ours take +VARIABLE=value suffixes (ring+HOROVOD_TCP_CHUNK_BYTES=0)")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the configurations, alternating")
     parser.add_argument("--skip-latency", action="store_true", help="no netem run")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per job")

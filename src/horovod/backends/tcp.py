@@ -4,10 +4,20 @@ Large buffers use the bandwidth-optimal ring (reduce-scatter, then allgather: ea
 buffer); small ones use a single round of direct exchange, which is latency-optimal for the group sizes
 data-parallel jobs have. Every element is reduced in one fixed rank order, so all ranks get bitwise-identical
 results.
+
+The ring is pipelined: each block is cut into chunks of HOROVOD_TCP_CHUNK_BYTES (1 MiB; 0: whole blocks),
+and a chunk is passed on to the right neighbour (by a sender thread) as soon as it has been received and
+reduced, while the caller receives the next one. The reduce-scatter's last chunk flows straight into the
+allgather, so the link carries one stream from the first chunk to the last instead of 2(n-1) whole-block
+exchanges with the link idle between them.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import queue
+import socket
+import threading
+from concurrent.futures import Future
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -19,6 +29,56 @@ from horovod.common import config
 from horovod.common.types import ReduceOp
 
 
+class _StreamSender:
+    """A thread that sends queued buffers in order, so that the caller can receive and reduce meanwhile.
+
+    :meth:`flush` returns a future that completes once everything queued before it is sent, with the first
+    send's error (a :class:`PeerLostError`) if one failed; the sends queued after a failure are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: Optional[threading.Thread] = None
+
+    def send(self, comm: Comm, peer: int, view: memoryview) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="horovod-ring-sender", daemon=True)
+            self._thread.start()
+        self._queue.put((comm, peer, view))
+
+    def flush(self) -> Future:
+        future: Future = Future()
+        if self._thread is None:
+            future.set_result(None)
+        else:
+            self._queue.put(future)
+        return future
+
+    def _loop(self) -> None:
+        error: Optional[BaseException] = None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, Future):
+                if error is None:
+                    item.set_result(None)
+                else:
+                    item.set_exception(error)
+                error = None
+            elif error is None:
+                comm, peer, view = item
+                try:
+                    comm.send(peer, view)
+                except BaseException as exc:  # handed to the caller through flush()
+                    error = exc
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread = None
+
+
 class TcpBackend(Backend):
     """Collectives over a :class:`Comm` of connected sockets."""
 
@@ -28,7 +88,9 @@ class TcpBackend(Backend):
         super().__init__(comm.rank, comm.size)
         self.comm = comm
         self.small_bytes = config.get("HOROVOD_TCP_SMALL_BYTES")
+        self.chunk_bytes = config.get("HOROVOD_TCP_CHUNK_BYTES")
         self._scratch = np.empty(0, np.uint8)
+        self._stream = _StreamSender()
 
     def _tmp(self, count: int, dtype) -> np.ndarray:
         nbytes = count * np.dtype(dtype).itemsize
@@ -60,28 +122,64 @@ class TcpBackend(Backend):
 
     def _ring_reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: ReduceOp) -> None:
         """After this, block ``rank`` of ``buf`` holds the reduction of every rank's block ``rank``."""
-        size, rank = self.size, self.rank
-        starts = offsets(counts)
-        tmp = self._tmp(max(counts), buf.dtype)
-        right, left = (rank + 1) % size, (rank - 1) % size
-        for step in range(size - 1):
-            send = (rank - step - 1) % size
-            recv = (rank - step - 2) % size
-            incoming = tmp[: counts[recv]]
-            self.comm.sendrecv(right, as_bytes(buf[starts[send]:starts[send] + counts[send]]),
-                               left, as_bytes(incoming))
-            reduce_into(buf[starts[recv]:starts[recv] + counts[recv]], incoming, op)
+        self._ring(buf, counts, op, reduce_scatter=True, allgather=False)
 
     def _ring_allgather(self, buf: np.ndarray, counts: Sequence[int]) -> None:
         """Each rank starts with its block ``rank`` of ``buf`` and ends with all blocks."""
+        self._ring(buf, counts, None, reduce_scatter=False, allgather=True)
+
+    def _ring(self, buf: np.ndarray, counts: Sequence[int], op: Optional[ReduceOp], reduce_scatter: bool,
+              allgather: bool) -> None:
+        """The ring's steps as one pipelined stream of chunks (see the module docstring).
+
+        Step ``i`` sends the block that step ``i - 1`` received, so each received chunk, once reduced (in the
+        reduce-scatter) or in place (in the allgather), is queued for the right neighbour at once. A chunk's
+        memory is overwritten only after every rank has added to it, so no queued send can see a later write.
+        """
         size, rank = self.size, self.rank
+        steps: List[Tuple[int, int, bool]] = []  # (block sent, block received, reduce it)
+        if reduce_scatter:
+            steps += [((rank - s - 1) % size, (rank - s - 2) % size, True) for s in range(size - 1)]
+        if allgather:
+            steps += [((rank - s) % size, (rank - s - 1) % size, False) for s in range(size - 1)]
         starts = offsets(counts)
+        chunk = max(1, self.chunk_bytes // buf.itemsize) if self.chunk_bytes > 0 else max(max(counts), 1)
+
+        def pieces(block: int) -> List[np.ndarray]:
+            end = starts[block] + counts[block]
+            return [buf[lo:min(lo + chunk, end)] for lo in range(starts[block], end, chunk)]
+
         right, left = (rank + 1) % size, (rank - 1) % size
-        for step in range(size - 1):
-            send = (rank - step) % size
-            recv = (rank - step - 1) % size
-            self.comm.sendrecv(right, as_bytes(buf[starts[send]:starts[send] + counts[send]]),
-                               left, as_bytes(buf[starts[recv]:starts[recv] + counts[recv]]))
+        tmp = self._tmp(min(chunk, max(counts)), buf.dtype)
+        for part in pieces(steps[0][0]):
+            self._stream.send(self.comm, right, as_bytes(part))
+        try:
+            for i, (_, block, reduce) in enumerate(steps):
+                forward = i + 1 < len(steps)
+                for part in pieces(block):
+                    if reduce:
+                        incoming = tmp[:part.size]
+                        self.comm.recv_into(left, as_bytes(incoming))
+                        reduce_into(part, incoming, op)
+                    else:
+                        self.comm.recv_into(left, as_bytes(part))
+                    if forward:
+                        self._stream.send(self.comm, right, as_bytes(part))
+        except BaseException:
+            self._abandon(right)
+            raise
+        self._stream.flush().result()
+
+    def _abandon(self, right: int) -> None:
+        """After a failed receive: end the sends too (behind a dead host they would block until TCP gives up)."""
+        try:
+            self.comm.socks[right].shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._stream.flush().result()
+        except Exception:  # the receive's failure came first and is the one reported
+            pass
 
     # ------------------------------------------------------------- other collectives
     def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
@@ -154,4 +252,5 @@ class TcpBackend(Backend):
         self.comm.barrier()
 
     def close(self) -> None:
+        self._stream.close()
         self.comm.close()

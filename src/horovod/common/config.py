@@ -135,6 +135,9 @@ _KNOBS = [
     Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
          "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
          ours=True),
+    Knob("HOROVOD_TCP_CHUNK_BYTES", int, 1024 * 1024,
+         "Chunk of the tcp data plane's pipelined ring: each chunk goes on to the next rank as soon as it is "
+         "reduced; 0 sends each ring step's block whole.", ours=True),
     Knob("HOROVOD_FUSION_BUCKET_BYTES", int, 4 * 1024 * 1024,
          "Ready tensors that no rank is waiting for are held until this many bytes are ready (or the bucket "
          "window passes), so that gradients stream in fused buckets; 0 holds them only for the cycle time.",
