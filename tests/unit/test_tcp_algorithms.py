@@ -11,6 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
+from horovod.backends import hierarchical
 from horovod.backends.comm import Comm, PeerLostError, enlarge_buffers
 from horovod.backends.hierarchical import HierarchicalBackend
 from horovod.backends.shm import ShmBackend
@@ -146,6 +147,51 @@ def test_tcp_ring_and_direct_agree_bitwise_across_ranks(tcp_group, size):
         for out in outs[1:]:
             assert out.tobytes() == outs[0].tobytes()
         np.testing.assert_allclose(outs[0], np.sum(rng_in, axis=0, dtype=np.float64), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_tcp_ring_pipelined_in_chunks_matches_whole_blocks_bitwise(tcp_group, size):
+    # Chunks of 4100 B (not a multiple of 8: the chunk is rounded to whole elements) cut each block of the
+    # 100_003-element ring into many chunks with a short last one; every rank must get bitwise the same
+    # result, and the same as with one chunk per block (the chunking must not change the arithmetic).
+    backends = tcp_group(size)
+    for dtype in (np.float32, np.float64, np.float16):
+        ins = [np.random.default_rng(r).standard_normal(LARGE).astype(dtype) for r in range(size)]
+        results = []
+        for chunk_bytes in (1 << 30, 4100):
+            for b in backends:
+                b.chunk_bytes = chunk_bytes
+            outs = run_ranks(size, lambda r, ins=ins: _allreduce(backends[r], ins[r].copy(), ReduceOp.SUM))
+            assert all(out.tobytes() == outs[0].tobytes() for out in outs[1:]), (dtype, chunk_bytes)
+            results.append(outs[0])
+        assert results[0].tobytes() == results[1].tobytes(), dtype
+        np.testing.assert_allclose(results[1], np.sum(ins, axis=0, dtype=np.float64),
+                                   rtol=1e-2 if dtype == np.float16 else 1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_tcp_ring_with_small_chunks_every_op_and_collective(tcp_group, size):
+    backends = tcp_group(size)
+    for b in backends:
+        b.chunk_bytes = 1000
+    for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        check_allreduce(backends, LARGE, op)
+    check_allreduce(backends, LARGE, ReduceOp.SUM, np.int64)
+    check_reducescatter(backends, LARGE)
+    counts = [LARGE // size + (r == 0) * 5 for r in range(size)]
+    counts[-1] = 0
+    ins = [data(r, counts[r]) for r in range(size)]
+    for out in run_ranks(size, lambda r: _allgather(backends[r], ins[r], counts)):
+        np.testing.assert_array_equal(out, np.concatenate(ins))
+
+
+def test_tcp_ring_raises_peer_lost_error_when_the_peer_is_gone(tcp_group):
+    backends = tcp_group(2)
+    backends[0].chunk_bytes = 4096
+    backends[1].comm.socks[0].close()
+    with pytest.raises(PeerLostError) as info:
+        backends[0].allreduce_buffer(np.ones(LARGE, np.float32), ReduceOp.SUM)
+    assert info.value.global_rank == 1
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -380,5 +426,44 @@ def test_hierarchical_two_hosts_of_two():
         check_reducescatter(backends, LARGE)
         for b in backends:
             b.local.seg.close()
+    finally:
+        close_comms(comms)
+
+
+def build_hierarchical(comms, hosts, tag):
+    """Rank r's HierarchicalBackend for ranks on ``hosts`` (equal ranks per host, listed host by host)."""
+    names = sorted(set(hosts), key=hosts.index)
+    members = {h: [r for r in range(len(hosts)) if hosts[r] == h] for h in names}
+
+    def build(r):
+        local = members[hosts[r]]
+        cross = [members[h][local.index(r)] for h in names]
+        return HierarchicalBackend(TcpBackend(comms[r]), ShmBackend(comms[r].sub(local),
+                                                                    f"{tag}-{names.index(hosts[r])}", 64 * 1024),
+                                   TcpBackend(comms[r].sub(cross)))
+    return build
+
+
+@pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "a", "b", "b", "c", "c"], ["a", "b", "c"]],
+                         ids=["2x2", "3x2", "3x1"])
+def test_hierarchical_pipelined_in_pieces(monkeypatch, hosts):
+    # 24 KB pieces cut the 400 KB buffer into 17 pieces (the last one short), each reduce-scattered in the host
+    # while earlier pieces cross hosts; with one rank per host the cross-host ring runs alone. Every op, and
+    # bitwise the same result on every rank.
+    monkeypatch.setattr(hierarchical, "PIECE_BYTES", 24 * 1024)
+    n = len(hosts)
+    comms = make_comms(n, hosts=hosts)
+    try:
+        backends = run_ranks(n, build_hierarchical(comms, hosts, uuid.uuid4().hex[:12]))
+        for b in backends:
+            b.cross.chunk_bytes = 5000
+        for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+            check_allreduce(backends, LARGE, op)
+        check_allreduce(backends, 2 * 24 * 1024 // 8 + 1, ReduceOp.SUM, np.int64)
+        ins = [np.random.default_rng(r).standard_normal(LARGE).astype(np.float32) for r in range(n)]
+        outs = run_ranks(n, lambda r: _allreduce(backends[r], ins[r].copy(), ReduceOp.SUM))
+        assert all(out.tobytes() == outs[0].tobytes() for out in outs[1:])
+        for b in backends:
+            b.close()
     finally:
         close_comms(comms)

@@ -3,8 +3,10 @@
 Allreduce reduce-scatters through shared memory inside each host, so each local rank owns a block already
 reduced across its host. It then allreduces that block over tcp with the ranks of the same local rank on the
 other hosts, and allgathers the blocks back through shared memory. Only 1/local_size of the buffer crosses
-the network per rank. The other collectives run over tcp on the whole group. Under MPI, the cross-host and
-whole-group backends are MPI instead of tcp (any :class:`Backend` fits).
+the network per rank. Large buffers go through in pieces, the three phases overlapped (the link carries one
+piece while the next is reduced inside the host). With one rank per host, the cross-host allreduce runs alone.
+The other collectives run over tcp on the whole group. Under MPI, the cross-host and whole-group backends are
+MPI instead of tcp (any :class:`Backend` fits).
 Requires every host to have the same number of ranks (the selector falls back to flat tcp otherwise).
 
 Adasum is flat (the whole group's tree, upstream's CPU semantics) unless HOROVOD_HIERARCHICAL_ALLREDUCE=1: then
@@ -13,7 +15,10 @@ it is upstream's GPU variant, a Sum inside each host and Adasum across hosts, di
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -23,6 +28,47 @@ from horovod.backends.blocks import split_counts
 from horovod.backends.shm import ShmBackend
 from horovod.common import config
 from horovod.common.types import ReduceOp
+
+# An allreduce of at least two pieces runs its phases overlapped, piece by piece (HierarchicalBackend._pipelined):
+# a piece is large enough that its cross-host ring keeps the link busy, small enough that the link waits little
+# for the first piece's reduce-scatter. Chosen by measurement (docs/benchmarks.md, "Across hosts at 1 Gbit/s").
+PIECE_BYTES = 8 << 20
+
+
+def piece_elements(buf: np.ndarray) -> int:
+    """Elements per piece of a pipelined allreduce of ``buf``: PIECE_BYTES, or all of a smaller ``buf``."""
+    if buf.nbytes < 2 * PIECE_BYTES:
+        return max(buf.size, 1)
+    return PIECE_BYTES // buf.dtype.itemsize
+
+
+class _SerialWorker:
+    """One daemon thread that runs submitted calls in order (a daemon, so that a call stuck on a lost peer
+    cannot hold the process at exit)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="horovod-cross-host", daemon=True).start()
+
+    def submit(self, fn: Callable[..., None], *args) -> Future:
+        future: Future = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args = item
+            try:
+                fn(*args)
+                future.set_result(None)
+            except BaseException as exc:  # handed to the caller through the future
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
 
 
 class HierarchicalBackend(Backend):
@@ -34,17 +80,44 @@ class HierarchicalBackend(Backend):
         super().__init__(flat.rank, flat.size)
         self.flat, self.local, self.cross = flat, local, cross
         self._block = np.empty(0, np.uint8)
+        self._cross_worker: Optional[_SerialWorker] = None
         self.hierarchical_adasum = bool(config.get("HOROVOD_HIERARCHICAL_ALLREDUCE"))
 
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
-        counts = split_counts(buf.size, self.local.size)
-        nbytes = counts[self.local.rank] * buf.dtype.itemsize
+        if self.local.size == 1:  # one rank per host: the cross-host ring alone, no copies through shm
+            self.cross.allreduce_buffer(buf, op)
+            return
+        step = piece_elements(buf)
+        pieces = [buf[lo:lo + step] for lo in range(0, buf.size, step)]
+        counts = [split_counts(piece.size, self.local.size) for piece in pieces]
+        sizes = [c[self.local.rank] for c in counts]
+        nbytes = sum(sizes) * buf.dtype.itemsize
         if self._block.nbytes < nbytes:
             self._block = np.empty(nbytes, np.uint8)
-        block = self._block[:nbytes].view(buf.dtype)
-        self.local.reducescatter(buf, block, counts, op)
-        self.cross.allreduce_buffer(block, op)
-        self.local.allgatherv(block, buf, counts)
+        flat = self._block[:nbytes].view(buf.dtype)
+        blocks = [flat[lo:lo + k] for lo, k in zip(np.cumsum([0] + sizes[:-1]), sizes)]
+        if len(pieces) == 1:
+            self.local.reducescatter(buf, blocks[0], counts[0], op)
+            self.cross.allreduce_buffer(blocks[0], op)
+            self.local.allgatherv(blocks[0], buf, counts[0])
+            return
+        self._pipelined(pieces, blocks, counts, op)
+
+    def _pipelined(self, pieces: List[np.ndarray], blocks: List[np.ndarray], counts: List[List[int]],
+                   op: ReduceOp) -> None:
+        """The three phases overlapped piece by piece: while the cross-host ring runs on one piece's block (on
+        a worker thread, in piece order on every rank), this thread reduce-scatters the next pieces inside the
+        host, then allgathers each piece as soon as its ring is done. The link idles only during the first
+        piece's reduce-scatter and the last piece's allgather."""
+        if self._cross_worker is None:
+            self._cross_worker = _SerialWorker()
+        done = []
+        for piece, block, c in zip(pieces, blocks, counts):
+            self.local.reducescatter(piece, block, c, op)
+            done.append(self._cross_worker.submit(self.cross.allreduce_buffer, block, op))
+        for piece, block, c, future in zip(pieces, blocks, counts, done):
+            future.result()
+            self.local.allgatherv(block, piece, c)
 
     def adasum(self, inputs: List[np.ndarray], outputs: List[np.ndarray], prescale: float = 1.0,
                postscale: float = 1.0) -> None:
@@ -87,5 +160,7 @@ class HierarchicalBackend(Backend):
         self.flat.barrier()
 
     def close(self) -> None:
+        if self._cross_worker is not None:
+            self._cross_worker.close()
         self.local.close()
         self.flat.close()
