@@ -11,10 +11,10 @@ ssh (``--configs`` picks, ``--rounds`` repeats them, alternating):
 - ``gloo``: torch.distributed Gloo through one ``torchrun`` agent per host (c10d rendezvous on host 1), 1 and
   2 ranks per host.
 
-Each job times 64 MB float32 allreduces (each after a barrier, after a warm-up) and 4 KB allreduces (batches of
-back-to-back calls). Then, if the kernel has ``sch_netem`` (and without ``--skip-latency``), 0.2 ms is added to
-every link and the 4 KB latency is measured again. Prints a markdown table (rounds merged: best, median and
-worst of every sample); ``--json`` keeps the raw rows.
+Each job times 64 MB float32 allreduces (each after a barrier, after a warm-up) and 4 KB allreduces (batches
+of back-to-back calls). Then, if the kernel has ``sch_netem`` (and without ``--skip-latency``), 0.2 ms is
+added to every link and the 4 KB latency is measured again. Prints a markdown table (rounds merged: best,
+median and worst of every sample); ``--json`` keeps the raw rows.
 
     sudo python benchmarks/cross_host.py [--hosts 2,3] [--iters 5] [--configs raw,ring,hier,flat,gloo]
                                          [--rounds 1] [--skip-latency] [--json out.json]
@@ -231,7 +231,7 @@ def merge(rows: List[dict]) -> List[dict]:
 
 
 def summarise(row: dict) -> dict:
-    """A merged row's 4 KB median latency and its 64 MB algbw, busbw and link share, each best/median/worst."""
+    """A merged row's 4 KB median latency and its 64 MB algbw, busbw and link share (best, median, worst)."""
     out: dict = {"small_us": statistics.median(row["small"]) * 1e6 if row["small"] else None}
     factor = 2 * (row["hosts"] - 1) / row["hosts"]
     for key, pick in (("best", min), ("median", statistics.median), ("worst", max)):
@@ -283,7 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--small-batches", type=int, default=5)
     parser.add_argument("--small-calls", type=int, default=200, help="4 KB allreduces per batch")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help=f"comma-separated, run in this order each round: raw, gloo, {', '.join(CONFIGS)}; "
+                        help=f"comma-separated, run in this order each round: raw, gloo, "
+                             f"{', '.join(CONFIGS)}; "
                         "ours take +VARIABLE=value suffixes (ring+HOROVOD_TCP_CHUNK_BYTES=0)")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the configurations, alternating")
     parser.add_argument("--skip-latency", action="store_true", help="no netem run")

@@ -76,8 +76,8 @@ def make_backend(mesh: Mesh, job: str, generation: Generation,
                     "between them.", len(by_host), "mpi" if mpi_usable else "tcp")
     if config.is_set("HOROVOD_HIERARCHICAL_ALLREDUCE") and not config.get("HOROVOD_HIERARCHICAL_ALLREDUCE"):
         if mpi_usable:
-            return MPIBackend(mpi.comm), (f"mpi ({mpi.library}): one flat plane over the {len(by_host)} hosts, "
-                                          "as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks")
+            return MPIBackend(mpi.comm), (f"mpi ({mpi.library}): one flat plane over the {len(by_host)} "
+                                          "hosts, as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks")
         return TcpBackend(comm), (f"tcp: one flat ring over the {len(by_host)} hosts, as "
                                   "HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks (unset, the plane is hierarchical)")
     sizes = {len(v) for v in by_host.values()}

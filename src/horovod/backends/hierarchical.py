@@ -29,9 +29,9 @@ from horovod.backends.shm import ShmBackend
 from horovod.common import config
 from horovod.common.types import ReduceOp
 
-# An allreduce of at least two pieces runs its phases overlapped, piece by piece (HierarchicalBackend._pipelined):
-# a piece is large enough that its cross-host ring keeps the link busy, small enough that the link waits little
-# for the first piece's reduce-scatter. Chosen by measurement (docs/benchmarks.md, "Across hosts at 1 Gbit/s").
+# An allreduce of at least two pieces runs its phases overlapped (HierarchicalBackend._pipelined): a piece is
+# large enough that its cross-host ring keeps the link busy, small enough that the link waits little for the
+# first piece's reduce-scatter. Chosen by measurement (docs/benchmarks.md, "Across hosts at 1 Gbit/s").
 PIECE_BYTES = 8 << 20
 
 
