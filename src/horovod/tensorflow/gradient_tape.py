@@ -14,8 +14,9 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from horovod.common.gradient_groups import allreduce_in_groups, check_groups, scale_factors
-from horovod.common.types import Average, ReduceOp
+from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.tensorflow import overlap
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.mpi_ops import _grouped_allreduce, _set_size, collective_chain
 
@@ -32,7 +33,8 @@ def _key(source):
 def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: ReduceOp,
                              gradient_predivide_factor: float, groups, process_set: ProcessSet):
     """grads (and their variables) -> reduced grads. Dense grads of one group go out as one grouped allreduce
-    (one fused exchange, and one Python callback inside tf.function); IndexedSlices go as two allgathers."""
+    (one fused exchange; with HOROVOD_TF_OVERLAP_BYTES, inside a tf.function, large ones start alone as soon as
+    they exist, see ``overlap``); IndexedSlices go as two allgathers."""
     from horovod.tensorflow import allreduce  # the public one (handles IndexedSlices and compression)
 
     op = ReduceOp(op)
@@ -63,8 +65,23 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
             if isinstance(g, tf.IndexedSlices):
                 out[i] = allreduce(g, op=op, name=f"{base}.sparse.{i}", ignore_name_scope=True,
                                    process_set=process_set)
-        allreduce_in_groups(out, dense, variables, groups, compression, _grouped, base, key=_key)
+        if not groups and op != Adasum and dense and overlap.usable():   # HOROVOD_TF_OVERLAP_BYTES set
+            _as_ready(out, dense, base)
+        else:
+            allreduce_in_groups(out, dense, variables, groups, compression, _grouped, base, key=_key)
         return out
+
+    def _as_ready(out: List, dense: List[int], base: str) -> None:
+        """Without groups, in a tf.function, with HOROVOD_TF_OVERLAP_BYTES set: each large dense gradient its
+        own allreduce (the small ones one group), started as soon as it exists, while TensorFlow still computes
+        the others (``overlap``)."""
+        compressed = [compression.compress(out[i]) for i in dense]
+        tensors = [c for c, _ in compressed]
+        nbytes = [t.shape.num_elements() * t.dtype.size if t.shape.is_fully_defined() else 0 for t in tensors]
+        reduced = overlap.allreduce_as_ready(tensors, [f"{base}.{i}" for i in dense], op, prescale, postscale,
+                                             process_set, overlap.plan(nbytes, overlap.ALONE_BYTES))
+        for i, r, (_, ctx) in zip(dense, reduced, compressed):
+            out[i] = compression.decompress(r, ctx)
 
     return reduce_grads
 
@@ -152,7 +169,10 @@ def DistributedGradientTape(gradtape, device_dense: str = "", device_sparse: str
     """Wrap ``gradtape`` so that ``gradient(target, sources)`` returns gradients reduced across ranks (Average).
 
     ``groups``: an int (split the gradients into that many grouped allreduces) or a list of lists of variables;
-    by default all dense gradients go as one group. ``num_groups`` is the deprecated form of an int ``groups``.
+    by default all dense gradients go as one group. With ``HOROVOD_TF_OVERLAP_BYTES`` set and no ``groups``,
+    inside a ``tf.function`` each gradient of at least that many bytes is its own allreduce, started as soon as
+    TensorFlow has computed it (``horovod.tensorflow.overlap``). ``num_groups`` is the deprecated form of an int
+    ``groups``.
     Variables registered with ``register_local_source`` keep their local gradient, divided by the number of ranks
     when ``scale_local_gradients``.
     """

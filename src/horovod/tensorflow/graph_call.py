@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Callable, Iterator, List, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -88,8 +88,8 @@ def call(compute: Compute, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType]
         return [_to_tensor(np.asarray(r), d) for r, d in zip(results, tout)]
     graph = tf.compat.v1.get_default_graph()
     in_function = getattr(graph, "building_function", False)
-    chained = in_function or getattr(graph, "_horovod_chain_depth", 0) > 0
-    previous = getattr(graph, "_horovod_last_collective", None) if chained else None
+    chained = _chained(graph)
+    previous = chain_last(graph)
     # The op has a CPU kernel only, and tf.data has no GPU kernels: place them on the CPU explicitly (a session
     # without soft placement would refuse a GPU device scope); inputs on a GPU are copied to host memory.
     with tf.control_dependencies([previous] if previous is not None else []), tf.device("/cpu:0"):
@@ -98,8 +98,23 @@ def call(compute: Compute, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType]
         else:
             outs = _off_inter_op_pool(compute, list(inputs), list(tout), node)
     if chained:
-        graph._horovod_last_collective = outs[0].op
+        set_chain_last(graph, outs[0].op)
     return outs
+
+
+def _chained(graph) -> bool:
+    return bool(getattr(graph, "building_function", False)) or getattr(graph, "_horovod_chain_depth", 0) > 0
+
+
+def chain_last(graph) -> Optional[tf.Operation]:
+    """The last collective chained in ``graph`` (the next one must depend on it), or None."""
+    return getattr(graph, "_horovod_last_collective", None) if _chained(graph) else None
+
+
+def set_chain_last(graph, op: tf.Operation) -> None:
+    """Make ``op`` the end of ``graph``'s chain of collectives (where the chain applies)."""
+    if _chained(graph):
+        graph._horovod_last_collective = op
 
 
 def _node(compute: Compute, inputs: List[tf.Tensor], tout: List[tf.DType], node: str) -> List[tf.Tensor]:

@@ -36,6 +36,10 @@ from horovod.tensorflow.errors import status_of
 logger = logging.getLogger(__name__)
 
 OP_TYPE = "HorovodCollective"
+# The same kernel under a second op type that tf.function does not order after the function's other stateful
+# ops (see ``unordered``): for a node that only starts an operation and never waits.
+UNORDERED_OP_TYPE = "HorovodCollectiveUnordered"
+OP_TYPES = (OP_TYPE, UNORDERED_OP_TYPE)
 Body = Callable[..., List[np.ndarray]]
 
 _P = ctypes.c_void_p
@@ -105,6 +109,7 @@ class Outputs:
     """Output buffers of the running kernel, allocated by TensorFlow (zero-copy results).
 
     ``empty(i, shape, dtype)`` may be called once per output, from any thread, until the body returns.
+    ``keep()`` lets a body that returns before the engine is done with its buffers keep them alive.
     """
 
     def __init__(self, api: _CApi, ctx: int) -> None:
@@ -113,6 +118,7 @@ class Outputs:
         self.buffers: Dict[int, np.ndarray] = {}
         self._tensors: List[int] = []
         self.closed = False
+        self.lease: Optional[Lease] = None
 
     def empty(self, index: int, shape, dtype) -> np.ndarray:
         shape = tuple(int(d) for d in shape)
@@ -143,12 +149,53 @@ class Outputs:
         """An allocator (shape, dtype) -> array for output ``index``, for the engine to call."""
         return lambda shape, dtype: self.empty(index, shape, dtype)
 
-    def close(self) -> None:
+    def keep(self) -> Lease:
+        """Keep this kernel's input and output buffers alive after the body returns, until the returned lease is
+        released: for a body that starts an operation reading the inputs and writing the outputs and returns
+        before it finished (TensorFlow frees or reuses a buffer nobody holds)."""
+        with self._lock:
+            if self.lease is None:
+                self.lease = Lease(self._api)
+            return self.lease
+
+    def close(self, inputs: Sequence[int] = ()) -> None:
+        """The body returned: drop this kernel's references to its output (and ``inputs``) buffers, or hand
+        them to the lease."""
         with self._lock:
             self.closed = True
-            for tensor in self._tensors:
-                self._api.delete_tensor(tensor)
+            tensors = [*self._tensors, *inputs]
             self._tensors.clear()
+            if self.lease is not None:
+                self.lease.adopt(tensors)
+                return
+            for tensor in tensors:
+                self._api.delete_tensor(tensor)
+
+
+class Lease:
+    """TensorFlow buffers a kernel keeps after it returned (see :meth:`Outputs.keep`); ``release`` (once, from
+    any thread) lets TensorFlow free them."""
+
+    def __init__(self, api: _CApi) -> None:
+        self._api = api
+        self._lock = threading.Lock()
+        self._tensors: List[int] = []
+        self._released = False
+
+    def adopt(self, tensors: Sequence[int]) -> None:
+        with self._lock:
+            if not self._released:
+                self._tensors.extend(tensors)
+                return
+        for tensor in tensors:
+            self._api.delete_tensor(tensor)
+
+    def release(self) -> None:
+        with self._lock:
+            self._released = True
+            tensors, self._tensors = self._tensors, []
+        for tensor in tensors:
+            self._api.delete_tensor(tensor)
 
 
 class EagerOutputs:
@@ -227,9 +274,7 @@ def _run(api: _CApi, token: int, ctx: int) -> None:
         code, message = status_of(exc)
         _fail(api, ctx, code, message)
     finally:
-        outputs.close()
-        for tensor in held:
-            api.delete_tensor(tensor)
+        outputs.close(held)
 
 
 class _Kernel:
@@ -254,9 +299,14 @@ class _Kernel:
                 logger.exception("%s kernel failed", OP_TYPE)
 
         self._callbacks = (create, compute)
+        for op_type in OP_TYPES:
+            self._register(op_type.encode(), create, compute)
+
+    def _register(self, op_type: bytes, create, compute) -> None:
+        api = self.api
         status = api.new_status()
         try:
-            builder = api.new_op(OP_TYPE.encode())
+            builder = api.new_op(op_type)
             for attr in (b"Tin: list(type) >= 0", b"Tout: list(type) >= 0", b"token: int"):
                 api.add_attr(builder, attr)
             api.add_input(builder, b"inputs: Tin")
@@ -264,8 +314,8 @@ class _Kernel:
             api.set_stateful(builder, True)
             api.register_op(builder, status)
             self._check(status, "register the op")
-            kernel = api.new_kernel(OP_TYPE.encode(), b"CPU", create, compute, None)
-            api.register_kernel(OP_TYPE.encode(), kernel, status)
+            kernel = api.new_kernel(op_type, b"CPU", create, compute, None)
+            api.register_kernel(op_type, kernel, status)
             self._check(status, "register its CPU kernel")
         finally:
             api.delete_status(status)
@@ -286,10 +336,12 @@ def _load() -> Optional[_Kernel]:
     try:
         from tensorflow.python.framework import op_def_registry
 
-        if op_def_registry.get(OP_TYPE) is not None:
-            raise RuntimeError(f"an op named {OP_TYPE} is already registered in this process")
+        for op_type in OP_TYPES:
+            if op_def_registry.get(op_type) is not None:
+                raise RuntimeError(f"an op named {op_type} is already registered in this process")
         kernel = _Kernel(_CApi(ctypes.CDLL(_framework_library())))
-        tf.no_gradient(OP_TYPE)
+        for op_type in OP_TYPES:
+            tf.no_gradient(op_type)
         return kernel
     except Exception as exc:  # any failure means: use the numpy_function fallback
         logger.warning("Horovod could not register its TensorFlow op through the C API (%s: %s); inside graphs "
@@ -312,8 +364,39 @@ def _outermost(graph):
     return graph
 
 
-def collective_op(body: Body, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType], name: str) -> List[tf.Tensor]:
-    """Add a ``HorovodCollective`` node running ``body(outputs, *arrays)`` to the current graph; its outputs."""
+def _exempt_from_ordering(op_type: str) -> bool:
+    """Let tf.function run ``op_type`` nodes as soon as their inputs exist. A function orders every stateful op
+    that takes no resource after the one created before it (automatic control dependencies), which would make
+    each gradient's start wait for the previous gradient's; op types in TensorFlow's
+    ``MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS`` still always run but are not ordered. False where this
+    TensorFlow has no such list."""
+    try:
+        from tensorflow.python.framework import auto_control_deps as acd
+    except ImportError:  # pragma: no cover - a TensorFlow without the module
+        return False
+    types = getattr(acd, "MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS", None)
+    if not isinstance(types, frozenset):
+        return False
+    if op_type not in types:
+        acd.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = types | {op_type}
+    return True
+
+
+_UNORDERED = _KERNEL is not None and _exempt_from_ordering(UNORDERED_OP_TYPE)
+
+
+def unordered_available() -> bool:
+    """True when ``collective_op(..., unordered=True)`` nodes escape tf.function's automatic ordering."""
+    return _UNORDERED
+
+
+def collective_op(body: Body, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DType], name: str,
+                  unordered: bool = False) -> List[tf.Tensor]:
+    """Add a ``HorovodCollective`` node running ``body(outputs, *arrays)`` to the current graph; its outputs.
+
+    ``unordered``: a ``HorovodCollectiveUnordered`` node instead, which a tf.function runs as soon as its inputs
+    (and explicit control dependencies) allow, not after the function's previous stateful op: only for a body
+    that never blocks (see ``unordered_available``)."""
     from tensorflow.python.framework import op_def_library
 
     token = next(_tokens)
@@ -321,6 +404,7 @@ def collective_op(body: Body, inputs: Sequence[tf.Tensor], tout: Sequence[tf.DTy
     # (as numpy_function does), or every call inside it goes through autograph's converted_call machinery.
     _bodies[token] = tf.autograph.experimental.do_not_convert(body)
     weakref.finalize(_outermost(tf.compat.v1.get_default_graph()), _bodies.pop, token, None)
-    _, _, op, _ = op_def_library._apply_op_helper(OP_TYPE, name=name, inputs=list(inputs), Tout=list(tout),
+    op_type = UNORDERED_OP_TYPE if unordered else OP_TYPE
+    _, _, op, _ = op_def_library._apply_op_helper(op_type, name=name, inputs=list(inputs), Tout=list(tout),
                                                   token=token)
     return list(op.outputs)
