@@ -105,7 +105,7 @@ def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False,
 def _median_runs(runs: List[Dict[str, dict]]) -> Dict[str, dict]:
     """Per peer, op and size, the median time over ``runs``; the spread goes to ``spread`` as (min, max)."""
     merged: Dict[str, dict] = {}
-    for peer in {p for run in runs for p in run}:
+    for peer in dict.fromkeys(p for run in runs for p in run):     # in the order they ran
         times: Dict[str, Dict[str, List[float]]] = {}
         for run in runs:
             for op, by_size in run.get(peer, {}).get("results", {}).items():
