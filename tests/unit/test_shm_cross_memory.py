@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from horovod.backends import cma, shm
+from horovod.backends.comm import PeerLostError
 from tests.unit import test_tcp_algorithms as algorithms
 from tests.unit.test_tcp_algorithms import run_ranks
 
@@ -224,3 +225,21 @@ def test_other_collectives_still_work_after_direct_broadcasts(shm_group):
     for buf, small, gathered, total in run_ranks(2, body):
         assert (buf == 1.0).all() and (small == 1.0).all() and (total == 3.0).all()
         assert (gathered[:n] == 5.0).all() and (gathered[n:] == 6.0).all()
+
+
+def test_a_failed_cross_memory_copy_names_the_lost_peer(shm_group, monkeypatch):
+    backends = shm_group(2)
+
+    def gone(pid, remote, array):
+        raise cma.CrossMemoryError(errno.ESRCH, f"cross-memory copy with process {pid} failed: No such process")
+
+    monkeypatch.setattr(cma, "read", gone)
+    monkeypatch.setattr(cma, "write", gone)
+    n = shm.DIRECT_BROADCAST_BYTES // 4 + 1
+
+    def body(r):
+        with pytest.raises(PeerLostError) as info:
+            backends[r].broadcast(np.zeros(n, np.float32), 0)
+        return info.value.global_rank
+
+    assert run_ranks(2, body) == [1, 0]           # the root lost its peer, the peer lost the root

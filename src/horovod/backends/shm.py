@@ -32,7 +32,7 @@ import numpy as np
 from horovod.backends import cma
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets
-from horovod.backends.comm import Comm
+from horovod.backends.comm import Comm, PeerLostError
 from horovod.backends.reduce import combine, reduce_into, scaled_copy
 from horovod.common import config
 from horovod.common.timeline import activity
@@ -347,6 +347,13 @@ class ShmBackend(Backend):
         self.comm.barrier()
         return [(int(rec[PID]), int(rec[ADDRESS])) for rec in map(self.seg.record, range(self.size))]
 
+    def _cross(self, peer: int, copy, *args) -> None:
+        """One cross-memory copy with ``peer``; a failure (the peer exited) is reported as the peer lost."""
+        try:
+            copy(*args)
+        except cma.CrossMemoryError as exc:
+            raise PeerLostError(self.comm.global_ranks[peer], self.comm.hosts[peer], str(exc)) from None
+
     def _direct_broadcast(self, buf: np.ndarray, root: int) -> None:
         """Broadcast with one copy, split so that every rank copies as much: the root writes the first 1/size
         of the buffer into each peer, and each peer reads the rest from the root."""
@@ -360,9 +367,9 @@ class ShmBackend(Backend):
             if self.rank == root:
                 for r in range(self.size):
                     if r != root and head:
-                        cma.write(where[r][0], where[r][1], raw[:head])
+                        self._cross(r, cma.write, where[r][0], where[r][1], raw[:head])
             else:
-                cma.read(where[root][0], where[root][1] + head, raw[head:])
+                self._cross(root, cma.read, where[root][0], where[root][1] + head, raw[head:])
         self.comm.barrier()
         if target is not buf and self.rank != root:
             np.copyto(buf, target)
