@@ -182,3 +182,28 @@ def test_many_threads_driving_in_turn_stay_correct():
         assert any(name.startswith("user-") for name in backend.threads)
     finally:
         engine.shutdown()
+
+
+def test_after_a_drive_a_shutdown_hears_the_coordinators_answer(worker):
+    """A shutdown right after a driven collective: the engine thread, which stopped listening to the control
+    socket while the user thread drove, must listen again to get the coordinator's answer (not time out)."""
+    engine, coord, backend = worker
+    time.sleep(0.05)
+    handle = submit(engine, "x", np.ones(3, np.float32))
+    waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10}, name="user-waiter")
+    waiter.start()
+    read_until(coord, "W")
+    until_driving(engine)
+    respond(coord, "x")
+    waiter.join(10)
+    assert backend.threads == ["user-waiter"]
+
+    def coordinator():
+        read_until(coord, "X")
+        wire.send_msg(coord, ["S", "the coordinator answered"])
+
+    answering = threading.Thread(target=coordinator)
+    answering.start()
+    engine.shutdown()
+    answering.join(10)
+    assert "the coordinator answered" in str(engine.error)

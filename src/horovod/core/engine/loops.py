@@ -265,7 +265,12 @@ class WorkerLoop(_Loop):
                 engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
                 return False
         selector = self.caller_selector if engine.driving else self.selector
-        events: List = sleep(selector, timeout) if not engine.stopping else selector.select(timeout)
+        if engine.stopping:
+            if not engine.driving:
+                self._listen()                      # the coordinator's answer must wake the engine thread now
+            events: List = selector.select(timeout)
+        else:
+            events = sleep(selector, timeout)
         for key, _ in events:
             if key.data == -1:
                 engine.drain_wake()
