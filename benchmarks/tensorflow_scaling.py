@@ -132,16 +132,19 @@ def _ms_cell(seconds: List[float]) -> str:
 
 
 def profile_report(prof: Dict[int, Optional[Dict[str, List[float]]]], np: int) -> List[str]:
-    """Medians (and 10th-90th percentiles) of each timed call, in ms, and what the exchange adds to a step."""
-    lines = ["| ranks | step (ms) | step, one grouped allreduce (ms) | step without the exchange (ms) | "
-             "exchange alone (ms) | exchange adds (ms) |", "|---|---|---|---|---|---|"]
+    """Medians (and 10th-90th percentiles) of each timed call, in ms, what the exchange adds to a step, and what
+    the early starts (``HOROVOD_TF_OVERLAP_BYTES``, see ``tf_step_profile --alone-bytes``) add to that."""
+    lines = ["| ranks | step (default: one grouped allreduce), ms | step with early starts, ms | step without the "
+             "exchange, ms | exchange alone, ms | exchange adds, ms | early starts add, ms |",
+             "|---|---|---|---|---|---|---|"]
     for n, times in prof.items():
         if not times:
             lines.append(f"| {n} | failed | | | |")
             continue
-        adds = 1e3 * (_median(times["dist"]) - _median(times["local"]))
-        cells = " | ".join(_ms_cell(times[key]) for key in ("dist", "grouped", "local", "reduce"))
-        lines.append(f"| {n} | {cells} | {adds:+.1f} |")
+        adds = 1e3 * (_median(times["grouped"]) - _median(times["local"]))
+        early = 1e3 * (_median(times["dist"]) - _median(times["grouped"]))
+        cells = " | ".join(_ms_cell(times[key]) for key in ("grouped", "dist", "local", "reduce"))
+        lines.append(f"| {n} | {cells} | {adds:+.1f} | {early:+.1f} |")
     return lines
 
 
