@@ -48,9 +48,15 @@ _tickets = itertools.count(1)
 _pending: Dict[int, Tuple[Handle, kernel.Lease]] = {}
 _pending_lock = threading.Lock()
 
+# Off by default (None): DistributedGradientTape then sends all dense gradients as one grouped allreduce after
+# the backward pass, which measured faster where every core computes (docs/benchmarks.md, "TensorFlow scaling,
+# issue 15"). A number of bytes turns the early starts on: gradients of at least that many bytes start alone as
+# soon as they exist, the smaller ones together (0: every gradient alone, as upstream).
+ENV = "HOROVOD_TF_OVERLAP_BYTES"
 
 
 def _alone_bytes() -> Optional[int]:
+    """``HOROVOD_TF_OVERLAP_BYTES`` as a number of bytes, or None when unset (early starts off)."""
     value = os.environ.get(ENV, "").strip()
     if not value:
         return None
@@ -61,11 +67,6 @@ def _alone_bytes() -> Optional[int]:
                          "each step's gradients as one grouped allreduce after the backward pass") from None
 
 
-# Off by default (None): DistributedGradientTape then sends all dense gradients as one grouped allreduce after
-# the backward pass, which measured faster where every core computes (docs/benchmarks.md, "TensorFlow scaling,
-# issue 15"). A number of bytes turns the early starts on: gradients of at least that many bytes start alone as
-# soon as they exist, the smaller ones together (0: every gradient alone, as upstream).
-ENV = "HOROVOD_TF_OVERLAP_BYTES"
 ALONE_BYTES: Optional[int] = _alone_bytes()
 
 
