@@ -138,6 +138,11 @@ _KNOBS = [
     Knob("HOROVOD_TCP_CHUNK_BYTES", int, 1024 * 1024,
          "Chunk of the tcp data plane's pipelined ring: each chunk goes on to the next rank as soon as it is "
          "reduced; 0 sends each ring step's block whole.", ours=True),
+    Knob("HOROVOD_TF_OVERLAP_BYTES", int, None,
+         "TensorFlow, inside tf.function: dense gradients of at least this many bytes start their allreduce alone "
+         "as soon as they exist, the smaller ones together (0: each alone, as upstream); unset sends every step's "
+         "gradients as one grouped allreduce after the backward pass, which measured faster where every core "
+         "computes.", ours=True),
     Knob("HOROVOD_FUSION_BUCKET_BYTES", int, 4 * 1024 * 1024,
          "Ready tensors that no rank is waiting for are held until this many bytes are ready (or the bucket "
          "window passes), so that gradients stream in fused buckets; 0 holds them only for the cycle time.",

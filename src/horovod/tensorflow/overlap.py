@@ -25,13 +25,13 @@ grouped allreduce after the backward pass.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from horovod.common import config
 from horovod.common.types import ReduceOp
 from horovod.core import ops
 from horovod.core.engine.handles import Handle
@@ -57,14 +57,8 @@ ENV = "HOROVOD_TF_OVERLAP_BYTES"
 
 def _alone_bytes() -> Optional[int]:
     """``HOROVOD_TF_OVERLAP_BYTES`` as a number of bytes, or None when unset (early starts off)."""
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        return None
-    try:
-        return max(0, int(value))
-    except ValueError:
-        raise ValueError(f"{ENV}={value!r} must be a number of bytes (for example 1048576), or unset to send "
-                         "each step's gradients as one grouped allreduce after the backward pass") from None
+    value = config.get(ENV)
+    return None if value is None else max(0, int(value))
 
 
 ALONE_BYTES: Optional[int] = _alone_bytes()
