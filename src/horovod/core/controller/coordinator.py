@@ -216,11 +216,6 @@ class Coordinator:
     def has_ready(self) -> bool:
         return bool(self._ready) or self._join_done
 
-    @property
-    def ready_bytes(self) -> int:
-        """The bytes of the tensors ready to emit."""
-        return self._ready_bytes
-
     # ----------------------------------------------------------------- output
     def take_ready(self) -> List[list]:
         """Pop everything ready as a wire response list: validated, fused and cache-compressed.

@@ -36,7 +36,7 @@ from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
-from horovod.core.engine import driving, loops
+from horovod.core.engine import loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
@@ -98,16 +98,9 @@ class Engine:
                             if rank == 0 else None)
         self._on_close = on_close
         self.lock = threading.Lock()
-        # Held by the thread that runs the loop: the engine thread, which lets go only while it blocks in the
-        # kernel, or a user thread driving it (see driving.py).
-        self.runner = threading.Lock()
-        self.loop: Optional[loops.CoordinatorLoop | loops.WorkerLoop] = None
-        self.driving = False            # a user thread runs the loop now
-        self.drives = 0                 # times a user thread ran the loop (the engine thread's events go stale)
         self.queue: collections.deque[Entry] = collections.deque()
         self.table: Dict[str, Entry] = {}
-        self.sleeping = False           # the engine thread blocks in the kernel (a wake-up byte is due on new work)
-        self.caller_sleeping = False    # so does a driving user thread
+        self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
         self.last_activity = 0.0
         self.waits = WaitNotices(self, settings.wait_lapse_s)
@@ -169,17 +162,14 @@ class Engine:
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=name))
                 names.add(name)
             notice = self.waits.notice
-            drive = self.drive
             for entry in entries:
                 self.table[entry.name] = entry
                 entry.handle.names.append(entry.name)
                 entry.handle.on_wait = notice
-                entry.handle.drive = drive
             if self.coordinator is not None:
                 self.queue.extend(entries)
-        if self.coordinator is not None:
-            driving.intake(self)        # takes the requests in on this thread, or wakes the engine thread
-            return
+                self.wake_if_sleeping()
+                return
         # A worker forwards requests to the coordinator from the calling thread: no engine wake-up on the
         # critical path. The send happens outside the table lock, so that a full socket buffer can never block
         # the engine thread (which needs the lock to execute). A send failure means the coordinator is gone:
@@ -188,10 +178,6 @@ class Engine:
             self.control.send_to_coordinator(["R", [e.request for e in entries]])
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
-
-    def drive(self, handle: Handle, deadline: Optional[float]) -> None:
-        """Run the loop on the calling thread while it waits on ``handle`` (see :func:`driving.drive`)."""
-        driving.drive(self, handle, deadline)
 
     def in_flight(self) -> List[str]:
         """The names of the collectives submitted on this rank and not completed yet."""
@@ -212,8 +198,8 @@ class Engine:
 
     def wake_if_sleeping(self) -> None:
         """Wake the engine thread if it sleeps in the kernel (call with the engine lock held)."""
-        if self.sleeping or self.caller_sleeping:
-            self.sleeping = self.caller_sleeping = False
+        if self.sleeping:
+            self.sleeping = False
             self.wake()
 
     def shutdown(self) -> None:
@@ -240,33 +226,24 @@ class Engine:
             except (OSError, AttributeError) as exc:
                 log.warning("rank %d: could not pin the engine thread to core %s: %s", self.global_rank,
                             self.settings.affinity, exc)
-        self.runner.acquire()
-        loop = None
         try:
-            loop = self.loop = loops.CoordinatorLoop(self) if self.coordinator is not None else loops.WorkerLoop(self)
-            while loop.turn(loop.engine_sleep):
-                pass
+            if self.coordinator is not None:
+                loops.coordinator_loop(self)
+            else:
+                loops.worker_loop(self)
+        except PeerLostError as exc:
+            self._aborting()
+            self._abort(self.control.root_cause(str(exc)))
+        except HorovodInternalError as exc:
+            self._aborting()
+            self._abort(str(exc))
         except Exception as exc:
-            self.fail_loop(exc)
+            self._aborting()
+            log.exception("rank %d: the Horovod engine failed", self.global_rank)
+            self._abort(f"Horovod background thread failed on rank {self.global_rank}: {type(exc).__name__}: "
+                        f"{exc}")
         finally:
             self._close()
-            if loop is not None:
-                loop.close()
-
-    def fail_loop(self, exc: BaseException) -> None:
-        """The loop raised ``exc`` (on the engine thread or a driving caller): abort, telling the other ranks."""
-        self._aborting()
-        if isinstance(exc, PeerLostError):
-            reason = self.control.root_cause(str(exc))
-        elif isinstance(exc, HorovodInternalError):
-            reason = str(exc)
-        elif isinstance(exc, Exception):
-            log.error("rank %d: the Horovod engine failed", self.global_rank, exc_info=exc)
-            reason = f"Horovod background thread failed on rank {self.global_rank}: {type(exc).__name__}: {exc}"
-        else:
-            reason = (f"rank {self.global_rank} was interrupted ({type(exc).__name__}) while it ran Horovod's "
-                      "engine loop")
-        self._abort(reason)
 
     def drain(self) -> List[Entry]:
         queue = self.queue
@@ -278,35 +255,7 @@ class Engine:
         return out
 
     def sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]):
-        """The engine thread waits for the next event: it polls briefly after real work (see ``active``), then
-        blocks in the kernel, letting go of the runner lock meanwhile so that a waiting user thread may drive."""
-        events = self._spin(selector, timeout, caller=False)
-        if events is not None:
-            return events
-        drives = self.drives
-        self.runner.release()
-        try:
-            events = selector.select(timeout)
-        finally:
-            self.runner.acquire()
-            self.sleeping = False
-        if self.drives != drives:       # a user thread ran the loop meanwhile and may have taken these events
-            events = selector.select(0) if self.state is EngineState.RUNNING else []
-        return events
-
-    def sleep_holding(self, selector: selectors.BaseSelector, timeout: Optional[float]):
-        """A driving user thread waits for the next event, as the engine thread does but keeping the loop."""
-        events = self._spin(selector, timeout, caller=True)
-        if events is not None:
-            return events
-        try:
-            return selector.select(timeout)
-        finally:
-            self.caller_sleeping = False
-
-    def _spin(self, selector: selectors.BaseSelector, timeout: Optional[float], caller: bool):
-        """Poll until ``HOROVOD_SPIN_MICROSECONDS`` after the last activity; None when the thread should block
-        (its sleeping flag is then set, so that the next enqueue wakes it)."""
+        """Wait for the next event: poll briefly after real work (see ``active``), then block in the kernel."""
         now = time.perf_counter()
         spin_until = self.last_activity + self.spin_s
         while now < spin_until:
@@ -321,11 +270,10 @@ class Engine:
         with self.lock:
             if self.queue or self.state is not EngineState.RUNNING or self.waits.notes:
                 return []
-            if caller:
-                self.caller_sleeping = True
-            else:
-                self.sleeping = True
-        return None
+            self.sleeping = True
+        events = selector.select(timeout)
+        self.sleeping = False
+        return events
 
     def active(self) -> None:
         """Something happened after which an answer is due soon (a collective ran, a rank waits): poll a while.

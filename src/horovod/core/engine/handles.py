@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Any, Callable, Iterator, List, Optional
 
 from horovod.common.exceptions import HorovodInternalError
@@ -43,8 +42,8 @@ def waits_from_several_threads() -> bool:
 class Handle:
     """Completion of one collective (or of a group of them: ``parts`` > 1)."""
 
-    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish", "names", "on_wait", "drive",
-                 "waiters", "noticed")
+    __slots__ = ("name", "_lock", "_results", "_remaining", "_error", "_finish", "names", "on_wait", "waiters",
+                 "noticed")
 
     def __init__(self, name: str, parts: int = 1, finish: Optional[Callable[[List[Any]], Any]] = None) -> None:
         self.name = name
@@ -56,9 +55,6 @@ class Handle:
         self._finish = finish
         self.names: List[str] = []        # the tensor names this handle completes (set by the engine)
         self.on_wait: Optional[Callable[[Handle, bool], None]] = None   # tells the engine a wait starts/stops
-        # Runs the engine's loop on the waiting thread while the engine is idle, until the handle completes or
-        # the deadline (a perf_counter time) passes; returns at once when another thread runs it.
-        self.drive: Optional[Callable[[Handle, Optional[float]], None]] = None
         # Kept by the engine, under its lock: threads blocked in wait(), and whether the coordinator was told
         # that this rank waits on the handle.
         self.waiters = 0
@@ -99,14 +95,8 @@ class Handle:
             if notice is not None:
                 notice(self, True)
             done = False
-            left = timeout
             try:
-                if notice is not None and self.drive is not None:
-                    deadline = None if timeout is None else time.perf_counter() + timeout
-                    self.drive(self, deadline)
-                    if deadline is not None:
-                        left = max(0.0, deadline - time.perf_counter())
-                done = lock.acquire(timeout=-1 if left is None else left)
+                done = lock.acquire(timeout=-1 if timeout is None else timeout)
             finally:
                 if not done and notice is not None:
                     notice(self, False)

@@ -63,9 +63,7 @@ class WaitNotices:
                 self._send_wait(handle)
                 return
             self.notes.append((True, list(handle.names), waits_from_several_threads()))
-            if handle.drive is None:
-                self.engine.wake_if_sleeping()
-            # else the waiting thread drives the loop next, or wakes the engine thread when it cannot
+            self.engine.wake_if_sleeping()
 
     def _stopped_waiting(self, handle: Handle) -> None:
         handle.waiters -= 1
