@@ -222,10 +222,6 @@ class Coordinator:
 
         Members of a group are held back until the whole group is ready, then planned together.
         """
-        if len(self._ready) == 1 and not self._join_done and self.cache.enabled:
-            single = self._take_cached_single()
-            if single is not None:
-                return single
         out: List[list] = []
         responses: List[TensorResponse] = []
         group_units: List[List[TensorResponse]] = []
@@ -280,26 +276,6 @@ class Coordinator:
         if out:
             self.progress += 1
         return out
-
-    def _take_cached_single(self) -> Optional[List[list]]:
-        """The steady state of a training loop, one ready tensor that matches its cached response, without the
-        general path's planning: the same list the general path would emit for it, or None when it does not
-        apply."""
-        name = next(iter(self._ready))
-        requests = self._pending[name].requests
-        if next(iter(requests.values()))[R_GROUP]:
-            return None
-        cache_id = self.cache.lookup(name)
-        if cache_id is None or not self._matches_cache(cache_id, requests):
-            return None
-        if self.timeline is not None:
-            self.timeline.end([name])
-        del self._ready[name]
-        del self._pending[name]
-        self._ready_bytes = 0
-        self._urgent.discard(name)
-        self.progress += 1
-        return [[BATCH, [cache_id]]]
 
     def _plan(self, singles: List[TensorResponse],
               group_units: List[List[TensorResponse]]) -> List[List[TensorResponse]]:
