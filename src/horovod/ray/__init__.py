@@ -1,0 +1,1 @@
+"""Horovod on Ray (issue 16): ``RayExecutor`` and its elastic mode."""
