@@ -102,7 +102,8 @@ def test_fused_allgathers_with_uneven_and_empty_blocks():
 
 def test_allgather_large_crosses_the_shm_chunk():
     rank, size = hvd.rank(), hvd.size()
-    n = 1_200_000 + rank * 1001                      # about 4.8 MB per rank, each rank a different size
+    n = 1_200_000 + rank * 1001                      # about 4.8 MB per rank, each rank a different size (the
+    # output, 9.6 MB at 2 ranks to 19 MB at 4, takes the single-copy path where cross-memory reads are allowed)
     t = (np.arange(n) % 251 + rank).astype(np.float32)
     out = hvd.allgather(t)
     want = np.concatenate([(np.arange(1_200_000 + r * 1001) % 251 + r).astype(np.float32) for r in range(size)])

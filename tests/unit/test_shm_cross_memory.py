@@ -243,3 +243,50 @@ def test_a_failed_cross_memory_copy_names_the_lost_peer(shm_group, monkeypatch):
         return info.value.global_rank
 
     assert run_ranks(2, body) == [1, 0]           # the root lost its peer, the peer lost the root
+
+
+# ------------------------------------------------------------------------------- direct allgather
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_allgather_in_the_window_reads_each_peer_once(shm_group, copies, size):
+    """Uneven blocks (one rank's empty), a dtype that is not 4 bytes wide: every rank gets every block, by one
+    cross-memory read per non-empty peer block."""
+    backends = shm_group(size)
+    lo = shm.DIRECT_ALLGATHER_BYTES[0]
+    counts = [lo // 8 // (size - 1) + 1001 * r for r in range(size)]
+    counts[1] = 0
+    inputs = [np.arange(counts[r], dtype=np.float64) * (r + 1) - r for r in range(size)]
+    want = np.concatenate(inputs)
+    assert shm.DIRECT_ALLGATHER_BYTES[0] <= want.nbytes <= shm.DIRECT_ALLGATHER_BYTES[1]
+
+    def body(r):
+        out = np.full(sum(counts), np.nan)
+        backends[r].allgatherv(inputs[r], out, counts)
+        return out
+
+    for out in run_ranks(size, body):
+        np.testing.assert_array_equal(out, want)
+    # each rank reads every non-empty peer block once; rank 1's empty block is read by nobody
+    assert copies["read"] == (size - 1) ** 2 and copies["write"] == 0
+
+
+def _check_two_rank_allgather(backends, n):
+    def body(r):
+        out = np.empty(2 * n)
+        backends[r].allgatherv(np.full(n, r + 1.0), out, [n, n])
+        return out
+
+    for out in run_ranks(2, body):
+        assert (out[:n] == 1.0).all() and (out[n:] == 2.0).all()
+
+
+def test_allgather_outside_the_window_stays_on_the_slots(shm_group, copies):
+    backends = shm_group(2, chunk=256 * 1024)
+    _check_two_rank_allgather(backends, shm.DIRECT_ALLGATHER_BYTES[0] // 8 // 2 - 100)
+    _check_two_rank_allgather(backends, shm.DIRECT_ALLGATHER_BYTES[1] // 8 // 2 + 100)
+    assert copies == {"read": 0, "write": 0}
+
+
+def test_allgather_in_the_window_keeps_the_slots_without_cross_memory(shm_group, monkeypatch, copies):
+    monkeypatch.setenv("HOROVOD_SHM_CROSS_MEMORY", "0")
+    _check_two_rank_allgather(shm_group(2), shm.DIRECT_ALLGATHER_BYTES[0] // 8)
+    assert copies == {"read": 0, "write": 0}

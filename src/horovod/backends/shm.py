@@ -44,6 +44,10 @@ ALIGN = 64
 SMALL_ALLREDUCE_BYTES = 256 * 1024
 # From this size broadcast copies once, by cross-memory reads and writes, where the ranks may use them.
 DIRECT_BROADCAST_BYTES = 1 << 20
+# Allgather copies once (cross-memory reads) when its whole output lies in this window: there the blocks stay in
+# the cache between their owner's write and the peers' reads. Above it the copies are bound by memory bandwidth,
+# and the slot path, which fetches each input from memory once, is as fast (docs/benchmarks.md, issue 15).
+DIRECT_ALLGATHER_BYTES = (4 << 20, 32 << 20)
 # One 64-byte record per rank after the slots: [pid, buffer address, buffer bytes, -, probe verdict, probe token x2]
 RECORD_WORDS = 8
 PID, ADDRESS, NBYTES, VERDICT, TOKEN = 0, 1, 2, 4, 5
@@ -278,6 +282,10 @@ class ShmBackend(Backend):
     def allgatherv(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int]) -> None:
         dtype = inp.dtype
         starts = offsets(counts)
+        lo, hi = DIRECT_ALLGATHER_BYTES
+        if self.direct and lo <= out.nbytes <= hi and out.flags.c_contiguous:
+            self._direct_allgather(inp, out, counts, starts)
+            return
         if max(counts) * dtype.itemsize <= self.small_bytes:
             base = self._small_half(dtype)
             np.copyto(self.seg.slot(self.rank, dtype)[base:base + counts[self.rank]], inp)
@@ -373,6 +381,24 @@ class ShmBackend(Backend):
         self.comm.barrier()
         if target is not buf and self.rank != root:
             np.copyto(buf, target)
+
+    def _direct_allgather(self, inp: np.ndarray, out: np.ndarray, counts: Sequence[int],
+                          starts: Sequence[int]) -> None:
+        """Allgather with one copy: each rank places its own block, then reads every peer's block straight from
+        the peer's input (``process_vm_readv``), starting with the next rank's so that no two readers start on
+        the same block."""
+        source = inp if inp.flags.c_contiguous else np.ascontiguousarray(inp)
+        where = self._publish(source)
+        flat = out.reshape(-1)
+        with activity("SHM_CROSS_MEMORY_READ"):
+            mine = flat[starts[self.rank]:starts[self.rank] + counts[self.rank]]
+            np.copyto(mine, source.reshape(-1))
+            for step in range(1, self.size):
+                r = (self.rank + step) % self.size
+                if counts[r]:
+                    block = flat[starts[r]:starts[r] + counts[r]]
+                    self._cross(r, cma.read, where[r][0], where[r][1], block)
+        self.comm.barrier()
 
     def _region(self, owner: int, dest: int, dtype) -> np.ndarray:
         per = (self.seg.chunk // self.size) // ALIGN * ALIGN // np.dtype(dtype).itemsize
