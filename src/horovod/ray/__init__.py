@@ -1,1 +1,13 @@
-"""Horovod on Ray (issue 16): ``RayExecutor`` and its elastic mode."""
+"""Horovod on Ray (issue 16): ``RayExecutor`` (static and elastic) and the deprecated ``ElasticRayExecutor``.
+
+See docs/ray.md. Importing this package imports ``ray``; it is the ``ray`` extra (``pip install horovod[ray]``).
+"""
+from .callbacks import log_to_driver
+from .discovery import RayHostDiscovery
+from .elastic import ElasticRayExecutor
+from .errors import RayWorkerError
+from .executor import RayExecutor
+from .worker import BaseHorovodWorker
+
+__all__ = ["RayExecutor", "ElasticRayExecutor", "RayHostDiscovery", "BaseHorovodWorker", "RayWorkerError",
+           "log_to_driver"]

@@ -1,0 +1,100 @@
+"""A real Ray 2.60 cluster for tests: a head node and a worker node on this machine (``ray.cluster_utils``).
+
+Use it as a context manager or through the module-scoped fixture factory::
+
+    from tests.support.ray_cluster import ray_cluster, ray_cluster_fixture
+
+    ray_two_nodes = ray_cluster_fixture()     # in a test module: a module-scoped fixture
+
+    def test_something(ray_two_nodes):        # the ray.cluster_utils.Cluster, with this process connected
+        ...
+
+Each node has ``cpus_per_node`` logical CPUs and a 100 MB object store; the dashboard is off. Ray's files go to
+a private temporary directory (``RAY_TMPDIR``), so that nothing is written to ``/tmp/ray`` and a cluster of
+someone else's on the machine is never touched. On exit it disconnects, shuts both nodes down, kills by pid any
+process it started that is still alive (raylets, GCS, actors' workers), and removes the directory.
+
+Runs that start Ray are multi-process jobs: run pytest on them under the shared CPU lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psutil
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+
+
+def _environ(values: dict) -> Callable[[], None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+
+    def restore() -> None:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    return restore
+
+
+def _kill_started(before: set) -> None:
+    me = psutil.Process()
+    started = [p for p in me.children(recursive=True) if p.pid not in before]
+    for process in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(started, timeout=10)
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Cluster]:
+    """Start ``nodes`` Ray nodes of ``cpus_per_node`` CPUs on this machine, connect this process, yield the
+    cluster; stop everything it started on exit."""
+    if ray.is_initialized():
+        raise RuntimeError("this process is already connected to Ray; call ray.shutdown() first")
+    tmp = Path(tempfile.mkdtemp(prefix="hvdray-"))
+    (tmp / "ray").mkdir()
+    python_path = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
+    restore = _environ({"RAY_TMPDIR": str(tmp), "PYTHONPATH": python_path, "RAY_USAGE_STATS_ENABLED": "0"})
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    cluster = None
+    try:
+        node_args = {"num_cpus": cpus_per_node, "object_store_memory": OBJECT_STORE_BYTES}
+        cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False,
+                                                                "temp_dir": str(tmp / "ray")})
+        for _ in range(nodes - 1):
+            cluster.add_node(**node_args)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
+        yield cluster
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+        _kill_started(before)
+        restore()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ray_cluster_fixture(nodes: int = 2, cpus_per_node: int = 2):
+    """A module-scoped pytest fixture that yields a :func:`ray_cluster`."""
+
+    @pytest.fixture(scope="module")
+    def fixture():
+        with ray_cluster(nodes, cpus_per_node) as cluster:
+            yield cluster
+
+    return fixture
