@@ -24,8 +24,8 @@ from pyspark.ml.util import (
 
 OBJECTS_KEY = "horovodObjects"
 
-# param name -> (encode to bytes, decode from bytes)
-Codecs = Dict[str, Tuple[Callable[[Any], bytes], Callable[[bytes], Any]]]
+# param name -> (encode to bytes, decode from bytes given the other params' loaded values by name)
+Codecs = Dict[str, Tuple[Callable[[Any], bytes], Callable[[bytes, Dict[str, Any]], Any]]]
 
 
 def dumps(value: Any) -> str:
@@ -90,8 +90,10 @@ class HorovodParamsReader(MLReader):
         instance._resetUid(metadata["uid"])
         codecs = _codecs(instance)
         decoded = dict(metadata["paramMap"])
-        for name, value in loads(metadata[OBJECTS_KEY]).items():
-            decoded[name] = codecs[name][1](value) if name in codecs else value
+        decoded.update(loads(metadata[OBJECTS_KEY]))
+        for name in codecs:
+            if decoded.get(name) is not None:
+                decoded[name] = codecs[name][1](decoded[name], decoded)
         instance._set(**decoded)
         return instance
 
