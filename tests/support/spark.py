@@ -12,9 +12,10 @@ Use it as a context manager or through the module-scoped fixture factory::
     with spark_session() as spark:       # anywhere else (a benchmark script, a one-off check)
         ...
 
-``spark_session(executors=2, conf=None, app_name=...)`` starts the driver JVM, a local master and ``executors``
-worker JVMs (one core and 1 GiB each; executors get 512 MiB), with the UI and the console progress bar off, every
-JVM bound to 127.0.0.1, ``spark.default.parallelism`` equal to the number of executors, and the executors' Python
+``spark_session(executors=2, conf=None, app_name=..., cores=1)`` starts the driver JVM, a local master and
+``executors`` worker JVMs (``cores`` cores and 1 GiB each; executors get 512 MiB), with the UI and the console
+progress bar off, every JVM bound to 127.0.0.1, ``spark.default.parallelism`` equal to executors x cores, and the
+executors' Python
 being this interpreter with the repository's ``src`` on its path. ``conf`` adds or overrides Spark settings.
 
 On exit it stops the SparkContext, shuts down the driver JVM (pyspark keeps it for the life of the process
@@ -45,18 +46,18 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER_MEMORY_MB = 1024
 
 
-def _spark_conf(executors: int, tmp: Path, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+def _spark_conf(executors: int, cores: int, tmp: Path, extra: Optional[Dict[str, str]]) -> Dict[str, str]:
     python_path = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
     conf = {
-        "spark.master": f"local-cluster[{executors},1,{WORKER_MEMORY_MB}]",
+        "spark.master": f"local-cluster[{executors},{cores},{WORKER_MEMORY_MB}]",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "768m",
         "spark.executor.memory": "512m",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
-        "spark.default.parallelism": str(executors),
-        "spark.sql.shuffle.partitions": str(executors),
+        "spark.default.parallelism": str(executors * cores),
+        "spark.sql.shuffle.partitions": str(executors * cores),
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.executorEnv.PYTHONPATH": python_path,
@@ -125,8 +126,8 @@ def _stop(session, gateway_pid: Optional[int]) -> None:
 
 @contextlib.contextmanager
 def spark_session(executors: int = 2, conf: Optional[Dict[str, str]] = None,
-                  app_name: str = "horovod-tests") -> Iterator[SparkSession]:
-    """Start ``local-cluster[executors,1,1024]``, yield its SparkSession, and stop every JVM it started."""
+                  app_name: str = "horovod-tests", cores: int = 1) -> Iterator[SparkSession]:
+    """Start ``local-cluster[executors,cores,1024]``, yield its SparkSession, and stop every JVM it started."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -134,7 +135,7 @@ def spark_session(executors: int = 2, conf: Optional[Dict[str, str]] = None,
         raise RuntimeError("a SparkContext is already running in this process; stop it before starting another")
     tmp = Path(tempfile.mkdtemp(prefix="hvd-spark-"))
     builder = SparkSession.builder.appName(app_name)
-    for key, value in _spark_conf(executors, tmp, conf).items():
+    for key, value in _spark_conf(executors, cores, tmp, conf).items():
         builder = builder.config(key, value)
     session = None
     try:
@@ -151,12 +152,12 @@ def spark_session(executors: int = 2, conf: Optional[Dict[str, str]] = None,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def spark_fixture(executors: int = 2, conf: Optional[Dict[str, str]] = None) -> Callable:
-    """A module-scoped pytest fixture that yields a SparkSession on ``local-cluster[executors,1,1024]``."""
+def spark_fixture(executors: int = 2, conf: Optional[Dict[str, str]] = None, cores: int = 1) -> Callable:
+    """A module-scoped pytest fixture that yields a SparkSession on ``local-cluster[executors,cores,1024]``."""
 
     @pytest.fixture(scope="module")
     def spark():
-        with spark_session(executors=executors, conf=conf) as session:
+        with spark_session(executors=executors, conf=conf, cores=cores) as session:
             yield session
 
     return spark

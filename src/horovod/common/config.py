@@ -114,6 +114,8 @@ _KNOBS = [
     Knob("HOROVOD_LOG_LEVEL", _upper, "WARNING", "TRACE, DEBUG, INFO, WARNING, ERROR or FATAL."),
     Knob("HOROVOD_LOG_HIDE_TIME", parse_bool, False, "Omit timestamps from log records."),
     Knob("HOROVOD_START_TIMEOUT", float, 30.0, "Seconds for all ranks to start and connect."),
+    Knob("HOROVOD_SPARK_START_TIMEOUT", float, 600.0,
+         "horovod.spark.run/run_elastic: seconds for the job's Spark tasks to start (start_timeout overrides it)."),
     Knob("HOROVOD_ELASTIC_TIMEOUT", float, 600.0,
          "Elastic: seconds to wait for enough slots. Accepted, no effect (elastic mode is not available yet).",
          inert=True),

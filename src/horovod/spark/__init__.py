@@ -1,1 +1,10 @@
-"""Horovod on Spark (issue 16): ``horovod.spark.run``, ``run_elastic`` and the estimators."""
+"""Horovod on Spark (issue 16): ``horovod.spark.run``, ``run_elastic`` and the estimators.
+
+Importing this package starts nothing and does not import pyspark; :func:`run` and :func:`run_elastic` use the
+running SparkContext (or ``SparkSession.builder.getOrCreate()``). See docs/spark.md.
+"""
+from __future__ import annotations
+
+from .runner import run
+
+__all__ = ["run"]

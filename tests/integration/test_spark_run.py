@@ -1,0 +1,183 @@
+"""``horovod.spark.run`` and ``run_elastic`` on a real Spark: ``local-cluster[2,2,1024]`` (two executor JVMs with
+two cores each, so four task slots), started once for the module.
+
+Every job runs under a watchdog: if it outlives its time, the ranks (``python -m horovod.spark.rank``, children of
+the executors' Python workers) dump their stacks (each test function registers faulthandler on SIGUSR1; the dumps
+reach the test's output through the driver) and are killed, so the job fails with their stacks instead of hanging.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List
+
+import cloudpickle
+import psutil
+import pytest
+
+import horovod.spark
+from horovod.spark.failures import HorovodSparkError
+from tests.support.spark import spark_fixture
+
+spark = spark_fixture(executors=2, cores=2)
+# The jobs' functions travel by value: the ranks need not import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _rank_processes() -> List[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "horovod.spark.rank" in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float) -> Iterator[None]:
+    """Dump the stacks of the job's ranks and kill them if the block runs longer than ``seconds``."""
+    done = threading.Event()
+
+    def fire() -> None:
+        if done.wait(seconds):
+            return
+        ranks = _rank_processes()
+        for proc in ranks:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        for proc in ranks:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    thread = threading.Thread(target=fire, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _wait_gone(pids: List[int], timeout: float = 15.0) -> List[int]:
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        time.sleep(0.1)
+    return alive
+
+
+def _record_pid(directory: str) -> None:
+    Path(directory, f"{os.getpid()}.pid").write_text("")
+
+
+def _pids(directory: Path) -> List[int]:
+    return [int(p.stem) for p in directory.glob("*.pid")]
+
+
+def topology_and_allreduce(scale):
+    import faulthandler
+
+    import torch
+
+    import horovod.torch as hvd
+
+    faulthandler.register(signal.SIGUSR1)
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    print(f"hello from rank {hvd.rank()}", flush=True)
+    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), float(total[0]) * scale)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_proc", [2, 3])
+def test_run_returns_results_by_rank(spark, num_proc):
+    out = io.StringIO()
+    with watchdog(90):
+        results = horovod.spark.run(topology_and_allreduce, args=(2,), num_proc=num_proc, stdout=out)
+    expected_sum = 2.0 * num_proc * (num_proc + 1) / 2
+    # All executors run on this machine, so every rank is a local peer of every other.
+    assert results == [(r, num_proc, r, num_proc, expected_sum) for r in range(num_proc)]
+    for rank in range(num_proc):
+        assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out.getvalue()
+
+
+def raises_on_rank_one(pid_dir):
+    import faulthandler
+
+    import torch
+
+    import horovod.torch as hvd
+
+    faulthandler.register(signal.SIGUSR1)
+    _record_pid(pid_dir)
+    hvd.init()
+    hvd.allreduce(torch.ones(1))
+    if hvd.rank() == 1:
+        raise ValueError("rank one gives up")
+    while True:                       # the others keep going until the failure reaches them
+        hvd.allreduce(torch.ones(1))
+
+
+@pytest.mark.timeout(120)
+def test_task_that_raises_fails_the_job_naming_rank_and_executor(spark, tmp_path):
+    with watchdog(90), pytest.raises(HorovodSparkError) as info:
+        horovod.spark.run(raises_on_rank_one, args=(str(tmp_path),), num_proc=2)
+    message = str(info.value)
+    assert "the function raised ValueError('rank one gives up') on rank 1 on Spark executor " in message
+    assert "Traceback from rank 1:" in message and "raises_on_rank_one" in message
+    assert info.value.rank == 1 and info.value.executor in ("0", "1")
+    assert isinstance(info.value.__cause__, ValueError)
+    pids = _pids(tmp_path)
+    assert len(pids) == 2
+    assert _wait_gone(pids) == [], "rank processes outlived the failed job"
+
+
+def killed_on_rank_one(pid_dir):
+    import faulthandler
+
+    import torch
+
+    import horovod.torch as hvd
+
+    faulthandler.register(signal.SIGUSR1)
+    _record_pid(pid_dir)
+    hvd.init()
+    hvd.allreduce(torch.ones(1))
+    print(f"rank {hvd.rank()} did its first allreduce", flush=True)
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        hvd.allreduce(torch.ones(1))
+
+
+@pytest.mark.timeout(120)
+def test_rank_killed_mid_job_fails_the_job(spark, tmp_path):
+    with watchdog(90), pytest.raises(HorovodSparkError) as info:
+        horovod.spark.run(killed_on_rank_one, args=(str(tmp_path),), num_proc=2, stdout=io.StringIO())
+    message = str(info.value)
+    assert "rank 1 on Spark executor " in message
+    assert "exited (killed by SIGKILL) before it reported a result" in message
+    assert "rank 1 did its first allreduce" in message       # its last output lines
+    assert _wait_gone(_pids(tmp_path)) == [], "rank processes outlived the failed job"
+
+
+@pytest.mark.timeout(60)
+def test_impossible_num_proc_fails_with_a_clear_message(spark):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"waiting for 5 Spark task slots: the cluster has 4 .* Lower num_proc to "
+                                           r"at most 4"):
+        horovod.spark.run(topology_and_allreduce, args=(1,), num_proc=5, start_timeout=3)
+    assert time.monotonic() - started < 30
+
+
+def test_use_mpi_is_refused_naming_the_alternative():
+    with pytest.raises(NotImplementedError, match="use_mpi=True.*Leave use_mpi unset .*use_gloo=True"):
+        horovod.spark.run(topology_and_allreduce, use_mpi=True)
