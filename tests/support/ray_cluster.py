@@ -14,6 +14,10 @@ a private temporary directory (``RAY_TMPDIR``), so that nothing is written to ``
 someone else's on the machine is never touched. On exit it disconnects, shuts both nodes down, kills by pid any
 process it started that is still alive (raylets, GCS, actors' workers), and removes the directory.
 
+:func:`call_with_deadline` runs a call that drives Horovod workers with a timeout below the test's own, and on
+expiry raises with every worker actor's stack (:func:`dump_worker_stacks`), as ``tests/support/launch.py`` does
+for horovodrun's ranks.
+
 Runs that start Ray are multi-process jobs: run pytest on them under the shared CPU lock.
 """
 from __future__ import annotations
@@ -21,9 +25,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, List, TypeVar
 
 import psutil
 import pytest
@@ -32,6 +39,8 @@ from ray.cluster_utils import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
+STACK_LINES = 80
+T = TypeVar("T")
 
 
 def _environ(values: dict) -> Callable[[], None]:
@@ -76,6 +85,7 @@ def ray_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Cluster]:
         for _ in range(nodes - 1):
             cluster.add_node(**node_args)
         cluster.wait_for_nodes()
+        cluster.horovod_tmp = str(tmp)
         ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=True)
         yield cluster
     finally:
@@ -87,6 +97,55 @@ def ray_cluster(nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Cluster]:
         _kill_started(before)
         restore()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def worker_processes() -> List[psutil.Process]:
+    """The Horovod worker actors' processes among those this process started (Ray renames them ``ray::<class>``)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.cmdline()[:1] and process.cmdline()[0].startswith("ray::BaseHorovodWorker"):
+                found.append(process)
+    return found
+
+
+def dump_worker_stacks(cluster: Cluster) -> str:
+    """Make every Horovod worker actor print its threads' stacks (SIGUSR1, see ``horovod.ray.worker``) and return
+    what their Ray logs hold (the tail of each ``worker-*-<pid>.err``)."""
+    workers = worker_processes()
+    for process in workers:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGUSR1)
+    time.sleep(1.5)
+    texts = []
+    for process in workers:
+        logs = {p.resolve() for p in Path(cluster.horovod_tmp).glob(f"ray/session_*/logs/worker-*-{process.pid}.err")}
+        for log in sorted(logs):
+            lines = log.read_text(errors="replace").splitlines()[-STACK_LINES:]
+            texts.append(f"--- worker actor pid {process.pid} ({log.name}) ---\n" + "\n".join(lines))
+    return "\n".join(texts) or "(no Horovod worker actor was running)"
+
+
+def call_with_deadline(cluster: Cluster, call: Callable[[], T], timeout: float, what: str) -> T:
+    """``call()`` (which drives Horovod workers on ``cluster``); when it outlives ``timeout`` seconds, raise
+    AssertionError with every worker actor's stack (the caller then shuts its executor down)."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="ray-test-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise AssertionError(f"{what} did not finish within {timeout:.0f} s.\n--- stacks of the worker actors ---\n"
+                             f"{dump_worker_stacks(cluster)}")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def ray_cluster_fixture(nodes: int = 2, cpus_per_node: int = 2):

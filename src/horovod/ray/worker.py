@@ -3,11 +3,13 @@
 The executors turn this class into a Ray actor (``ray.remote(BaseHorovodWorker).options(...)``); each actor is
 its own process, so the environment it is given (``update_env_vars``: topology, the driver's rendezvous address
 and the job secret, which travels as a Ray method argument, never on a command line) is what ``hvd.init()`` in
-that process reads, exactly as under ``horovodrun``.
+that process reads, exactly as under ``horovodrun``. ``SIGUSR1`` to a worker's process prints its threads' stacks.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import socket
 from typing import Any, Callable, Dict, List, Optional
 
@@ -22,6 +24,9 @@ class BaseHorovodWorker:
     def __init__(self, world_rank: int = 0, world_size: int = 1) -> None:
         os.environ["HOROVOD_RANK"] = str(world_rank)
         os.environ["HOROVOD_SIZE"] = str(world_size)
+        # ``kill -USR1 <pid>`` prints every thread's stack to the actor's stderr (Ray's worker log, which Ray also
+        # forwards to the driver): how a hung job's workers are inspected, as horovodrun's ranks in the tests.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def node_id(self) -> str:
         """The Ray node this actor runs on."""
