@@ -1,9 +1,9 @@
 """How an estimator runs its training function on Horovod ranks (upstream's ``horovod.spark.common.backend``).
 
 A ``Backend`` runs ``fn(*args, **kwargs)`` on ``num_processes()`` ranks and returns the results by rank. The
-default, ``SparkBackend``, runs it in Spark tasks through ``horovod.spark.run``; ``HorovodRunBackend`` runs it on
-local processes through ``horovod.run`` (useful where the data lives in a store the local machine reaches and no
-Spark executors should be taken).
+default, ``SparkBackend``, runs it in Spark tasks through ``horovod.spark.run``; ``HorovodRunBackend`` runs it
+on local processes through ``horovod.run`` (useful where the data lives in a store the local machine reaches
+and no Spark executors should be taken).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ class Backend:
 
     def run(self, fn: Callable[..., Any], args: Sequence[Any] = (), kwargs: Optional[Dict[str, Any]] = None,
             env: Optional[Dict[str, str]] = None) -> List[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank with ``env`` added to its environment; results by rank."""
+        """Run ``fn(*args, **kwargs)`` on every rank with ``env`` added to its environment; results by
+        rank."""
         raise NotImplementedError()
 
     def num_processes(self) -> int:

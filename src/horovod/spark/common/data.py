@@ -1,9 +1,11 @@
-"""The driver's side of the data path: check the columns, split off validation rows, write Parquet to the store.
+"""The driver's side of the data path: check the columns, split off validation rows, write Parquet to the
+store.
 
 The DataFrame's feature, label and sample-weight columns are written as Parquet under the store's
 ``intermediate_train_data.<idx>`` (and ``intermediate_val_data.<idx>``), ``num_proc * partitions_per_process``
 files each, so that every rank reads a similar share of whole files (see ``reader.py``). Vector columns
-(``pyspark.ml.linalg`` dense or sparse vectors) are written as arrays of doubles; arrays and numbers as they are.
+(``pyspark.ml.linalg`` dense or sparse vectors) are written as arrays of doubles; arrays and numbers as they
+are.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DatasetInfo:
-    """What the ranks need to know about the prepared data: where it is, its row counts and column metadata."""
+    """What the ranks need to know about the prepared data: where it is, its row counts and column
+    metadata."""
 
     idx: str
     train_rows: int
@@ -25,7 +28,8 @@ class DatasetInfo:
 
 
 def check_columns(df, feature_cols: Sequence[str], label_cols: Sequence[str],
-                  sample_weight_col: Optional[str] = None, validation: Union[None, float, str] = None) -> None:
+                  sample_weight_col: Optional[str] = None,
+                  validation: Union[None, float, str] = None) -> None:
     """ValueError naming every param whose column is not in ``df`` (raised before any training starts)."""
     present = set(df.columns)
     wanted = [("feature_cols", list(feature_cols)), ("label_cols", list(label_cols))]
@@ -41,14 +45,16 @@ def check_columns(df, feature_cols: Sequence[str], label_cols: Sequence[str],
 
 
 def column_metadata(df, cols: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    """Per column: its kind (``vector``, ``array`` or ``scalar``) and Spark type, as the estimator saw them."""
+    """Per column: its kind (``vector``, ``array`` or ``scalar``) and Spark type, as the estimator saw
+    them."""
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import ArrayType
 
     metadata = {}
     for col in cols:
         dtype = df.schema[col].dataType
-        kind = "vector" if isinstance(dtype, VectorUDT) else "array" if isinstance(dtype, ArrayType) else "scalar"
+        kind = ("vector" if isinstance(dtype, VectorUDT) else "array" if isinstance(dtype, ArrayType)
+                else "scalar")
         metadata[col] = {"kind": kind, "spark_type": dtype.simpleString()}
     return metadata
 
@@ -80,7 +86,8 @@ def prepare_data(store, df, feature_cols: Sequence[str], label_cols: Sequence[st
                  num_processes: int, validation: Union[None, float, str] = None,
                  sample_weight_col: Optional[str] = None, partitions_per_process: int = 10,
                  seed: Optional[int] = None) -> DatasetInfo:
-    """Write the training (and validation) rows of ``df`` to the store as Parquet; their counts and metadata."""
+    """Write the training (and validation) rows of ``df`` to the store as Parquet; their counts and
+    metadata."""
     cols: List[str] = list(dict.fromkeys([*feature_cols, *label_cols,
                                           *([sample_weight_col] if sample_weight_col else [])]))
     check_columns(df, feature_cols, label_cols, sample_weight_col, validation)
@@ -97,8 +104,9 @@ def prepare_data(store, df, feature_cols: Sequence[str], label_cols: Sequence[st
         counts.append(store.get_parquet_dataset(path).count_rows())
         log.debug("wrote %d rows to %s", counts[-1], path)
     if counts[0] == 0:
-        raise ValueError("the DataFrame has no training rows (after the validation split): nothing to train on")
+        raise ValueError("the DataFrame has no training rows (after the validation split): nothing to "
+                         "train on")
     if validation is not None and validation != 0 and counts[1] == 0:
-        raise ValueError(f"validation={validation!r} selected no rows: give a larger fraction, or a column that "
-                         "is true for some rows")
+        raise ValueError(f"validation={validation!r} selected no rows: give a larger fraction, or a column "
+                         "that is true for some rows")
     return DatasetInfo(idx=idx, train_rows=counts[0], val_rows=counts[1], metadata=metadata)

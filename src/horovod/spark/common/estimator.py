@@ -10,6 +10,7 @@ batches by the function the framework subclass gives (``_make_predict_fn``).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Sequence
@@ -48,15 +49,15 @@ class HorovodEstimator(Estimator, EstimatorParams):
         if backend is None:
             return SparkBackend(self.getNumProc())
         if self.getNumProc() is not None and self.getNumProc() != backend.num_processes():
-            raise ValueError(f"num_proc={self.getNumProc()} and the backend's {backend.num_processes()} processes "
-                             "disagree: give one of them only")
+            raise ValueError(f"num_proc={self.getNumProc()} and the backend's {backend.num_processes()} "
+                             "processes disagree: give one of them only")
         return backend
 
     def _check_store(self) -> Store:
         store = self.getStore()
         if store is None:
-            raise ValueError("the estimator has no store: pass store=Store.create('/shared/path') (a path or URL "
-                             "every Spark executor and training process can reach)")
+            raise ValueError("the estimator has no store: pass store=Store.create('/shared/path') (a path or "
+                             "URL every Spark executor and training process can reach)")
         if not isinstance(store, Store):
             raise ValueError(f"store must be a horovod.spark.common.store.Store, not {type(store).__name__}; "
                              "make one with Store.create(path)")
@@ -68,11 +69,12 @@ class HorovodEstimator(Estimator, EstimatorParams):
         validation = self.getValidation()
         check_columns(df, self.getFeatureCols(), self.getLabelCols(), self.getSampleWeightCol(), validation)
         backend = self._get_or_create_backend()
-        run_id = self.getRunId() or f"{self.RUN_ID_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_{time.time_ns() % 10**6}"
+        run_id = self.getRunId() or f"{self.RUN_ID_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
         dataset = prepare_data(store, df, self.getFeatureCols(), self.getLabelCols(), idx=run_id,
                                num_processes=backend.num_processes(), validation=validation,
                                sample_weight_col=self.getSampleWeightCol(),
-                               partitions_per_process=self.getPartitionsPerProcess(), seed=self.getRandomSeed())
+                               partitions_per_process=self.getPartitionsPerProcess(),
+                               seed=self.getRandomSeed())
         return self._fit_on_prepared_data(TrainingJob(backend, store, run_id, dataset))
 
     def _fit_on_prepared_data(self, job: TrainingJob) -> Model:
@@ -102,8 +104,9 @@ class HorovodModel(Model, ModelParams):
             raise ValueError("transform() needs a DataFrame with at least one row")
         outputs = predict(_features([sample[0].asDict()], feature_cols))
         if len(outputs) != len(output_cols):
-            raise ValueError(f"the model returns {len(outputs)} output(s) but output_cols names {len(output_cols)}: "
-                             f"{output_cols}; set output_cols to one column per model output")
+            raise ValueError(f"the model returns {len(outputs)} output(s) but output_cols names "
+                             f"{len(output_cols)}: {output_cols}; set output_cols to one column per model "
+                             "output")
         vector = [int(np.prod(out.shape[1:])) != 1 for out in outputs]
         fields = [StructField(col, VectorUDT() if is_vector else DoubleType(), True)
                   for col, is_vector in zip(output_cols, vector)]
@@ -130,7 +133,8 @@ def _predict_partition_fn(predict: Callable, feature_cols: Sequence[str], vector
             outputs = predict(_features([row.asDict() for row in chunk], feature_cols))
             for i, row in enumerate(chunk):
                 values = [DenseVector(np.asarray(out[i], dtype=np.float64).ravel()) if is_vector
-                          else float(np.asarray(out[i]).ravel()[0]) for out, is_vector in zip(outputs, vector)]
+                          else float(np.asarray(out[i]).ravel()[0])
+                          for out, is_vector in zip(outputs, vector)]
                 yield tuple(row) + tuple(values)
 
         chunk: list = []

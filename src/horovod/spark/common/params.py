@@ -1,8 +1,8 @@
 """The Spark ML params of the estimators and their models (upstream's ``horovod.spark.common.params``).
 
-Each param is a ``pyspark.ml.param.Param`` named as upstream's, with upstream's default, and a ``setX`` / ``getX``
-pair named as upstream's (``setNumProc`` / ``getNumProc``, ``setFeatureCols`` / ``getFeatureCols``, ...).
-The tables below declare them once; :func:`_declare` turns a table into class attributes and accessors.
+Each param is a ``pyspark.ml.param.Param`` named as upstream's, with upstream's default, and a ``setX`` /
+``getX`` pair named as upstream's (``setNumProc`` / ``getNumProc``, ``setFeatureCols`` / ``getFeatureCols``,
+...). The tables below declare them once; :func:`_declare` turns a table into class attributes and accessors.
 """
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from pyspark.ml.param import Param, Params
 ParamSpec = Tuple[str, Any, str, Any]
 
 ESTIMATOR_PARAMS: List[ParamSpec] = [
-    ("num_proc", None, "number of Horovod processes (default: the backend's, spark.default.parallelism)", None),
+    ("num_proc", None, "number of Horovod processes (default: the backend's, spark.default.parallelism)",
+     None),
     ("model", None, "the model to train", None),
     ("backend", None, "the Backend that runs training (default: SparkBackend(num_proc))", None),
     ("store", None, "the Store for intermediate data, checkpoints and logs", None),
     ("metrics", [], "metrics to compute during training and validation", None),
     ("loss", None, "the loss function", None),
     ("gradient_compression", None, "Horovod gradient compression (hvd.Compression.none or .fp16)", None),
-    ("compress_sparse_cols", False, "accepted for upstream compatibility; sparse vectors are densified", None),
+    ("compress_sparse_cols", False, "accepted for upstream compatibility; sparse vectors are densified",
+     None),
     ("optimizer", None, "the optimizer (wrapped in hvd.DistributedOptimizer on every rank)", None),
     ("feature_cols", None, "the DataFrame columns fed to the model, in order", None),
     ("continuous_cols", None, "accepted for upstream compatibility (TabNet-style models); not used", None),
@@ -44,8 +46,8 @@ ESTIMATOR_PARAMS: List[ParamSpec] = [
     ("random_seed", None, "the seed of the model initialisation and the shuffling", None),
     ("partitions_per_process", 10, "Parquet files written per training process", None),
     ("run_id", None, "the id of this run under the store's runs path (default: a fresh one)", None),
-    ("transformation_fn", None, "a function of a pandas DataFrame applied to each rank's rows before training",
-     None),
+    ("transformation_fn", None,
+     "a function of a pandas DataFrame applied to each rank's rows before training", None),
     ("train_reader_num_workers", 2, "accepted for upstream compatibility (petastorm reader threads)",
      "TrainReaderNumWorker"),
     ("val_reader_num_workers", 2, "accepted for upstream compatibility (petastorm reader threads)",

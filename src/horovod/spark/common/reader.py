@@ -1,10 +1,10 @@
 """The ranks' side of the data path: read this rank's shard of the Parquet data and cut it into batches.
 
-Each rank reads every ``size``-th Parquet file of the dataset (files sorted by path) with pyarrow's datasets, so
-the ranks' shards are disjoint and of similar size; with fewer files than ranks each rank takes every ``size``-th
-row instead. The shard is held in memory as one numpy array per column. Every epoch runs the same number of
-steps on every rank (the driver computes it from the total row count), cycling through the shard, so that no rank
-waits in an allreduce for a rank that has run out of rows.
+Each rank reads every ``size``-th Parquet file of the dataset (files sorted by path) with pyarrow's datasets,
+so the ranks' shards are disjoint and of similar size; with fewer files than ranks each rank takes every
+``size``-th row instead. The shard is held in memory as one numpy array per column. Every epoch runs the same
+number of steps on every rank (the driver computes it from the total row count), cycling through the shard, so
+that no rank waits in an allreduce for a rank that has run out of rows.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def _is_list(arrow_type) -> bool:
 
 
 def column_to_numpy(column) -> np.ndarray:
-    """A pyarrow column as numpy: numbers as a 1-d array, lists of equal length (vectors, arrays) as the rows of
-    a 2-d array, lists of lists as a deeper one."""
+    """A pyarrow column as numpy: numbers as a 1-d array, lists of equal length (vectors, arrays) as the rows
+    of a 2-d array, lists of lists as a deeper one."""
     import pyarrow as pa
 
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -37,13 +37,14 @@ def column_to_numpy(column) -> np.ndarray:
         return np.stack([np.asarray(value) for value in array.to_pylist()])
     lengths = array.value_lengths().to_numpy(zero_copy_only=False)
     if len(set(lengths.tolist())) != 1:
-        raise ValueError("a feature or label column holds arrays of different lengths; every row must have the "
-                         "same shape to be batched")
+        raise ValueError("a feature or label column holds arrays of different lengths; every row must have "
+                         "the same shape to be batched")
     return array.flatten().to_numpy(zero_copy_only=False).reshape(len(array), int(lengths[0]))
 
 
 def pandas_to_arrays(frame, columns: Sequence[str]) -> Arrays:
-    """Columns of a pandas DataFrame (after a transformation_fn) as numpy arrays; cells holding arrays stacked."""
+    """Columns of a pandas DataFrame (after a transformation_fn) as numpy arrays; cells holding arrays
+    stacked."""
     arrays = {}
     for col in columns:
         values = frame[col].to_numpy()
@@ -72,7 +73,8 @@ def read_shard(store, path: str, rank: int, size: int, columns: Sequence[str],
 
 
 def steps_per_epoch(rows: int, batch_size: int, size: int, given: Optional[int] = None) -> int:
-    """Steps each rank runs per epoch: as given, or the rows one rank would see, in whole batches (at least 1)."""
+    """Steps each rank runs per epoch: as given, or the rows one rank would see, in whole batches (at least
+    1)."""
     if given is not None:
         return int(given)
     return max(1, int(math.floor(rows / batch_size / size)))
@@ -83,8 +85,8 @@ def batches(arrays: Arrays, batch_size: int, steps: int, shuffle: bool,
     """``steps`` batches from the shard, cycling through it (reshuffled on every pass when ``shuffle``)."""
     rows = len(next(iter(arrays.values()))) if arrays else 0
     if rows == 0:
-        raise RuntimeError("this rank's shard of the training data is empty: write more rows (or fewer Parquet "
-                           "files per rank) so that every rank gets some")
+        raise RuntimeError("this rank's shard of the training data is empty: give the DataFrame more rows "
+                           "so that every rank gets some")
     order = rng.permutation(rows) if shuffle else np.arange(rows)
     position = 0
     for _ in range(steps):

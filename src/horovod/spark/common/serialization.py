@@ -1,12 +1,12 @@
 """Spark ML persistence of the estimators and models (upstream's ``horovod.spark.common.serialization``).
 
 ``save(path)`` writes Spark ML's usual ``path/metadata`` (JSON: class, uid, Spark version, paramMap,
-defaultParamMap), so a ``Pipeline`` or ``PipelineModel`` holding these stages saves and loads too. Param values
-that JSON can hold (numbers, strings, lists of them) are in paramMap as they are; the others (networks,
-optimizers, functions, stores) go together into one cloudpickle, base64 in the metadata's ``horovodObjects``, so
-that objects which share state (a torch optimizer and its model's parameters) still share it when loaded. A
-class may give a param its own codec (Keras models travel in the ``.keras`` format). Loading unpickles: load only
-what you (or your pipelines) saved, as with any pickle.
+defaultParamMap), so a ``Pipeline`` or ``PipelineModel`` holding these stages saves and loads too. Param
+values that JSON can hold (numbers, strings, lists of them) are in paramMap as they are; the others (networks,
+optimizers, functions, stores) go together into one cloudpickle, base64 in the metadata's ``horovodObjects``,
+so that objects which share state (a torch optimizer and its model's parameters) still share it when loaded. A
+class may give a param its own codec (Keras models travel in the ``.keras`` format). Loading unpickles: load
+only what you (or your pipelines) saved, as with any pickle.
 """
 from __future__ import annotations
 

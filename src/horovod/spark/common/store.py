@@ -1,9 +1,11 @@
-"""Where an estimator keeps its intermediate data, checkpoints and logs (upstream's ``horovod.spark.common.store``).
+"""Where an estimator keeps its intermediate data, checkpoints and logs (upstream's
+``horovod.spark.common.store``).
 
-A store is a prefix path on a filesystem that both the Spark executors and the training ranks can reach. Under it:
+A store is a prefix path on a filesystem that both the Spark executors and the training ranks can reach. Under
+it:
 
-- ``intermediate_train_data[.<idx>]``, ``intermediate_val_data[.<idx>]``, ``intermediate_test_data[.<idx>]``: the
-  Parquet copies of the DataFrame that the ranks read (one ``idx`` per prepared dataset);
+- ``intermediate_train_data[.<idx>]``, ``intermediate_val_data[.<idx>]``, ``intermediate_test_data[.<idx>]``:
+  the Parquet copies of the DataFrame that the ranks read (one ``idx`` per prepared dataset);
 - ``runs/<run_id>/checkpoint`` (the last checkpoint rank 0 wrote) and ``runs/<run_id>/logs`` (per-run logs).
 
 ``FilesystemStore`` works on any fsspec URL (``file://``, ``memory://``, ``s3://``, ``gs://``, ...);
@@ -33,7 +35,8 @@ class Store:
         self._val_data_to_key: dict = {}
 
     def is_parquet_dataset(self, path: str) -> bool:
-        """True when ``path`` holds a Parquet dataset written by Spark (a ``_SUCCESS`` marker or .parquet files)."""
+        """True when ``path`` holds a Parquet dataset written by Spark (a ``_SUCCESS`` marker or .parquet
+        files)."""
         raise NotImplementedError()
 
     def get_parquet_dataset(self, path: str):
@@ -83,11 +86,13 @@ class Store:
         raise NotImplementedError()
 
     def sync_fn(self, run_id: str) -> Callable[[str], None]:
-        """A function that copies a rank's local run directory into this store's run path (for checkpoints)."""
+        """A function that copies a rank's local run directory into this store's run path (for
+        checkpoints)."""
         raise NotImplementedError()
 
     def get_local_output_dir_fn(self, run_id: str) -> Callable[[], Any]:
-        """A function returning a context manager that yields a local scratch directory for the run's output."""
+        """A function returning a context manager that yields a local scratch directory for the run's
+        output."""
         raise NotImplementedError()
 
     def to_remote(self, run_id: str, dataset_idx: Optional[Any]):
@@ -96,8 +101,8 @@ class Store:
 
     @staticmethod
     def create(prefix_path: str, *args: Any, **kwargs: Any) -> Store:
-        """The store for ``prefix_path``: ``HDFSStore`` for hdfs://, ``LocalStore`` for a local path or file://,
-        and ``FilesystemStore`` for any other fsspec URL."""
+        """The store for ``prefix_path``: ``HDFSStore`` for hdfs://, ``LocalStore`` for a local path or
+        file://, and ``FilesystemStore`` for any other fsspec URL."""
         protocol = _protocol(prefix_path)
         if protocol in ("hdfs", "viewfs"):
             return HDFSStore(prefix_path, *args, **kwargs)
@@ -113,7 +118,8 @@ def _protocol(url: str) -> str:
 
 
 class AbstractFilesystemStore(Store):
-    """A store laid out under one prefix path: the paths of upstream's stores, on a filesystem of a subclass."""
+    """A store laid out under one prefix path: the paths of upstream's stores, on a filesystem of a
+    subclass."""
 
     def __init__(self, prefix_path: str, train_path: Optional[str] = None, val_path: Optional[str] = None,
                  test_path: Optional[str] = None, runs_path: Optional[str] = None, save_runs: bool = True,
@@ -270,7 +276,8 @@ class AbstractFilesystemStore(Store):
 
 
 class FilesystemStore(AbstractFilesystemStore):
-    """A store on any fsspec filesystem, named by the URL of ``prefix_path`` (``memory://``, ``s3://``, ...)."""
+    """A store on any fsspec filesystem, named by the URL of ``prefix_path`` (``memory://``, ``s3://``,
+    ...)."""
 
     def _make_fs(self):
         import fsspec
@@ -280,8 +287,9 @@ class FilesystemStore(AbstractFilesystemStore):
             return fsspec.filesystem(protocol, **self.storage_options)
         except (ImportError, ValueError) as exc:
             raise ValueError(
-                f"the store {self.prefix_path!r} needs fsspec's {protocol!r} filesystem, which is not available "
-                f"here ({exc}); install the fsspec implementation for {protocol}:// or use a LocalStore"
+                f"the store {self.prefix_path!r} needs fsspec's {protocol!r} filesystem, which is not "
+                f"available here ({exc}); install the fsspec implementation for {protocol}:// or use a "
+                "LocalStore"
             ) from exc
 
     def get_localized_path(self, path: str) -> str:
@@ -312,18 +320,20 @@ class LocalStore(FilesystemStore):
 
 
 class DBFSLocalStore(LocalStore):
-    """Databricks' DBFS through its local /dbfs mount: a LocalStore whose paths read the same on every node."""
+    """Databricks' DBFS through its local /dbfs mount: a LocalStore whose paths read the same on every
+    node."""
 
 
 class HDFSStore(FilesystemStore):
-    """A store on HDFS (``hdfs://namenode:port/path``) through fsspec's HDFS filesystem (pyarrow and libhdfs)."""
+    """A store on HDFS (``hdfs://namenode:port/path``) through fsspec's HDFS filesystem (pyarrow and
+    libhdfs)."""
 
     def __init__(self, prefix_path: str, host: Optional[str] = None, port: Optional[int] = None,
                  user: Optional[str] = None, kerb_ticket: Optional[str] = None, driver: str = "libhdfs",
                  extra_conf: Optional[dict] = None, *args: Any, **kwargs: Any) -> None:
         if _protocol(prefix_path) not in ("hdfs", "viewfs"):
-            raise ValueError(f"HDFSStore needs an hdfs:// URL, not {prefix_path!r}; use Store.create(path) to pick "
-                             "the store that fits a path")
+            raise ValueError(f"HDFSStore needs an hdfs:// URL, not {prefix_path!r}; use Store.create(path) "
+                             "to pick the store that fits a path")
         options = dict(kwargs.pop("storage_options", None) or {})
         options.update({k: v for k, v in (("host", host), ("port", port), ("user", user),
                                           ("kerb_ticket", kerb_ticket), ("extra_conf", extra_conf)) if v})
@@ -336,7 +346,7 @@ class HDFSStore(FilesystemStore):
             return fsspec.filesystem("hdfs", **self.storage_options)
         except Exception as exc:
             raise RuntimeError(
-                f"HDFSStore could not connect to {self.prefix_path!r} through fsspec's HDFS filesystem: {exc}. "
-                "It needs pyarrow's HDFS support: a Hadoop client with libhdfs (set HADOOP_HOME, JAVA_HOME and "
-                "CLASSPATH=$(hadoop classpath --glob)) on every machine that runs the estimator"
+                f"HDFSStore could not connect to {self.prefix_path!r} through fsspec's HDFS filesystem: "
+                f"{exc}. It needs pyarrow's HDFS support: a Hadoop client with libhdfs (set HADOOP_HOME, "
+                "JAVA_HOME and CLASSPATH=$(hadoop classpath --glob)) on every machine that runs the estimator"
             ) from exc

@@ -26,8 +26,8 @@ from horovod.spark.keras.remote import KerasTrainSpec, model_from_bytes, model_t
 KERAS_ESTIMATOR_PARAMS = [
     ("custom_objects", {}, "custom layers, losses and metrics the model needs to be loaded (name -> object)",
      None),
-    ("checkpoint_callback", None, "accepted for upstream compatibility: rank 0 always checkpoints to the store",
-     None),
+    ("checkpoint_callback", None,
+     "accepted for upstream compatibility: rank 0 always checkpoints to the store", None),
 ]
 
 KERAS_MODEL_PARAMS = [
@@ -38,7 +38,10 @@ KERAS_MODEL_PARAMS = [
 
 
 def _model_codecs() -> Codecs:
-    return {"model": (model_to_bytes, lambda data, params: model_from_bytes(data, params.get("custom_objects")))}
+    def decode(data: bytes, params: Dict[str, Any]) -> Any:
+        return model_from_bytes(data, params.get("custom_objects"))
+
+    return {"model": (model_to_bytes, decode)}
 
 
 def _optimizer_config(optimizer: Any) -> Any:
@@ -53,10 +56,12 @@ class KerasEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
     RUN_ID_PREFIX = "keras"
 
     @keyword_only
-    def __init__(self, num_proc=None, model=None, backend=None, store=None, custom_objects=None, optimizer=None,
-                 loss=None, loss_weights=None, sample_weight_col=None, gradient_compression=None, metrics=None,
-                 feature_cols=None, label_cols=None, continuous_cols=None, categorical_cols=None,
-                 validation=None, callbacks=None, batch_size=None, val_batch_size=None, epochs=None, verbose=1,
+    def __init__(self, num_proc=None, model=None, backend=None, store=None, custom_objects=None,
+                 optimizer=None, loss=None, loss_weights=None, sample_weight_col=None,
+                 gradient_compression=None, metrics=None, feature_cols=None, label_cols=None,
+                 continuous_cols=None, categorical_cols=None,
+                 validation=None, callbacks=None, batch_size=None, val_batch_size=None, epochs=None,
+                 verbose=1,
                  random_seed=None, shuffle_buffer_size=None, partitions_per_process=None, run_id=None,
                  train_steps_per_epoch=None, validation_steps_per_epoch=None, transformation_fn=None,
                  train_reader_num_workers=None, val_reader_num_workers=None, reader_pool_type=None,
@@ -81,7 +86,8 @@ class KerasEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         if not isinstance(self.getModel(), keras.Model):
             raise ValueError(f"model must be a keras.Model, not {type(self.getModel()).__name__}")
         if self.getOptimizer() is None:
-            raise ValueError("the estimator has no optimizer: pass optimizer=keras.optimizers.SGD(...) or a name")
+            raise ValueError("the estimator has no optimizer: pass optimizer=keras.optimizers.SGD(...) or a "
+                             "name")
 
     def _train_spec(self, job: TrainingJob) -> KerasTrainSpec:
         return KerasTrainSpec(
@@ -89,7 +95,8 @@ class KerasEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
             loss=self.getLoss(), loss_weights=self.getLossWeights(), metrics=list(self.getMetrics() or []),
             custom_objects=dict(self.getCustomObjects() or {}), feature_cols=list(self.getFeatureCols()),
             label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
-            label_shapes=self.getLabelShapes(), store=job.store, run_id=job.run_id, dataset_idx=job.dataset.idx,
+            label_shapes=self.getLabelShapes(), store=job.store, run_id=job.run_id,
+            dataset_idx=job.dataset.idx,
             train_rows=job.dataset.train_rows, val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
             val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
             train_steps_per_epoch=self.getTrainStepsPerEpoch(),
@@ -115,8 +122,8 @@ class KerasModel(HorovodModel, HorovodParamsWritable, HorovodParamsReadable):
     """Spark ML Model holding a trained Keras model; ``transform`` adds its predictions."""
 
     @keyword_only
-    def __init__(self, history=None, model=None, feature_columns=None, label_columns=None, custom_objects=None,
-                 run_id=None, _metadata=None, _floatx=None, output_cols=None) -> None:
+    def __init__(self, history=None, model=None, feature_columns=None, label_columns=None,
+                 custom_objects=None, run_id=None, _metadata=None, _floatx=None, output_cols=None) -> None:
         super().__init__()
         self._setDefault(**defaults(KERAS_MODEL_PARAMS))
         self._set(**{name: value for name, value in self._input_kwargs.items() if value is not None})

@@ -1,9 +1,10 @@
 """The training function KerasEstimator runs on every rank (upstream's ``horovod.spark.keras.remote``).
 
 Each rank loads the model from its ``.keras`` bytes, compiles it with ``hvd.DistributedOptimizer``, reads its
-shard of the Parquet data into a repeating ``tf.data`` pipeline, and runs ``model.fit`` with the same number of
-steps per epoch on every rank, starting from rank 0's broadcast weights and averaging the epoch metrics over the
-ranks. Rank 0 saves a checkpoint to the store after every epoch, and returns the history and the weights.
+shard of the Parquet data into a repeating ``tf.data`` pipeline, and runs ``model.fit`` with the same number
+of steps per epoch on every rank, starting from rank 0's broadcast weights and averaging the epoch metrics
+over the ranks. Rank 0 saves a checkpoint to the store after every epoch, and returns the history and the
+weights.
 """
 from __future__ import annotations
 
@@ -154,7 +155,8 @@ def train(spec: KerasTrainSpec) -> Optional[dict]:
     history = model.fit(_dataset(spec, model, train_arrays, spec.batch_size, spec.shuffle),
                         steps_per_epoch=steps_per_epoch(spec.train_rows, spec.batch_size, size,
                                                         spec.train_steps_per_epoch),
-                        epochs=spec.epochs, callbacks=callbacks, verbose=spec.verbose if rank == 0 else 0, shuffle=False,
+                        epochs=spec.epochs, callbacks=callbacks, verbose=spec.verbose if rank == 0 else 0,
+                        shuffle=False,  # the tf.data pipeline shuffles
                         **fit_args)
     if rank != 0:
         return None

@@ -1,4 +1,5 @@
-"""PyTorch on Spark ML: ``TorchEstimator`` trains a ``torch.nn.Module`` with Horovod, ``TorchModel`` predicts."""
+"""PyTorch on Spark ML: ``TorchEstimator`` trains a ``torch.nn.Module`` with Horovod, ``TorchModel``
+predicts."""
 from horovod.spark.torch.estimator import TorchEstimator, TorchModel
 
 __all__ = ["TorchEstimator", "TorchModel"]

@@ -31,8 +31,8 @@ TORCH_ESTIMATOR_PARAMS = [
     ("loss_constructors", None, "functions that each return a loss function (instead of loss)", None),
     ("train_minibatch_fn", None, "a custom training step: fn(model, optimizer, transform_outputs, loss_fn, "
      "inputs, labels, sample_weights) -> (outputs, loss)", None),
-    ("transformation_edit_fields", None, "accepted for upstream compatibility (petastorm TransformSpec)", None),
-    ("transformation_removed_fields", None, "accepted for upstream compatibility (petastorm TransformSpec)", None),
+    ("transformation_edit_fields", None, "accepted for upstream compatibility (petastorm)", None),
+    ("transformation_removed_fields", None, "accepted for upstream compatibility (petastorm)", None),
 ]
 
 TORCH_MODEL_PARAMS = [
@@ -42,7 +42,8 @@ TORCH_MODEL_PARAMS = [
 
 
 class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReadable):
-    """Spark ML Estimator that trains a ``torch.nn.Module`` data-parallel with Horovod; ``fit`` -> TorchModel."""
+    """Spark ML Estimator that trains a ``torch.nn.Module`` data-parallel with Horovod; ``fit`` ->
+    TorchModel."""
 
     RUN_ID_PREFIX = "torch"
 
@@ -50,7 +51,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
     def __init__(self, num_proc=None, model=None, backend=None, store=None, optimizer=None, loss=None,
                  loss_constructors=None, metrics=None, loss_weights=None, sample_weight_col=None,
                  gradient_compression=None, feature_cols=None, input_shapes=None, validation=None,
-                 label_cols=None, callbacks=None, batch_size=None, val_batch_size=None, epochs=None, verbose=1,
+                 label_cols=None, callbacks=None, batch_size=None, val_batch_size=None, epochs=None,
+                 verbose=1,
                  random_seed=None, shuffle_buffer_size=None, partitions_per_process=None, run_id=None,
                  train_minibatch_fn=None, train_steps_per_epoch=None, validation_steps_per_epoch=None,
                  transformation_fn=None, transformation_edit_fields=None, transformation_removed_fields=None,
@@ -75,8 +77,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         if not isinstance(self.getModel(), torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, not {type(self.getModel()).__name__}")
         if not isinstance(self.getOptimizer(), torch.optim.Optimizer):
-            raise ValueError("optimizer must be a torch.optim.Optimizer built on the model's parameters, e.g. "
-                             "torch.optim.SGD(model.parameters(), lr=0.1)")
+            raise ValueError("optimizer must be a torch.optim.Optimizer built on the model's parameters, "
+                             "e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
         shapes = self.getInputShapes()
         if shapes is not None and len(shapes) != len(self.getFeatureCols()):
             raise ValueError(f"input_shapes has {len(shapes)} shape(s) but feature_cols names "
@@ -89,7 +91,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         optimizer = self.getOptimizer()
         return TorchTrainSpec(
             model=self.getModel(), optimizer_cls=type(optimizer), optimizer_state=optimizer.state_dict(),
-            losses=list(loss) if isinstance(loss, (list, tuple)) else [loss], loss_weights=self.getLossWeights(),
+            losses=list(loss) if isinstance(loss, (list, tuple)) else [loss],
+            loss_weights=self.getLossWeights(),
             metrics=list(self.getMetrics() or []), feature_cols=list(self.getFeatureCols()),
             label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
             input_shapes=self.getInputShapes(), label_shapes=self.getLabelShapes(), store=job.store,
@@ -111,7 +114,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         optimizer = type(self.getOptimizer())(model.parameters(), lr=1.0)
         optimizer.load_state_dict(result["optimizer_state"])
         return TorchModel(
-            history=result["history"], model=model, optimizer=optimizer, feature_columns=self.getFeatureCols(),
+            history=result["history"], model=model, optimizer=optimizer,
+            feature_columns=self.getFeatureCols(),
             label_columns=self.getLabelCols(), input_shapes=self.getInputShapes(), run_id=job.run_id,
             _metadata=job.dataset.metadata)
 

@@ -1,8 +1,9 @@
 """The training function TorchEstimator runs on every rank (upstream's ``horovod.spark.torch.remote``).
 
-Each rank reads its shard of the Parquet data, trains a copy of the model with ``hvd.DistributedOptimizer`` from
-rank 0's broadcast parameters and optimizer state, averages each epoch's loss and metrics over the ranks, and
-rank 0 writes a checkpoint to the store after every epoch. Rank 0 returns the history and the trained weights.
+Each rank reads its shard of the Parquet data, trains a copy of the model with ``hvd.DistributedOptimizer``
+from rank 0's broadcast parameters and optimizer state, averages each epoch's loss and metrics over the ranks,
+and rank 0 writes a checkpoint to the store after every epoch. Rank 0 returns the history and the trained
+weights.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ class TorchTrainSpec:
     verbose: int = 1
 
 
-def _tensors(batch: Dict[str, np.ndarray], cols: Sequence[str], shapes: Optional[List[Sequence[int]]]) -> list:
+def _tensors(batch: Dict[str, np.ndarray], cols: Sequence[str],
+             shapes: Optional[List[Sequence[int]]]) -> list:
     import torch
 
     out = []
@@ -100,7 +102,8 @@ def _average(hvd, sums: Dict[str, float], steps: int, prefix: str) -> Dict[str, 
     return {name: float(value) for name, value in zip(names, averaged)}
 
 
-def _run_epoch(spec, hvd, model, optimizer, arrays, batch_size, steps, train, rng, prefix) -> Dict[str, float]:
+def _run_epoch(spec, hvd, model, optimizer, arrays, batch_size, steps, train, rng,
+               prefix) -> Dict[str, float]:
     import torch
 
     model.train(train)
@@ -153,7 +156,8 @@ def _callbacks(spec: TorchTrainSpec, hook: str, *args: Any) -> None:
 
 
 def train(spec: TorchTrainSpec) -> Optional[dict]:
-    """Train on this rank; rank 0 returns ``{"history": [...], "state_dict": ..., "optimizer_state": ...}``."""
+    """Train on this rank; rank 0 returns ``{"history": [...], "state_dict": ..., "optimizer_state":
+    ...}``."""
     import torch
 
     import horovod.torch as hvd
@@ -182,8 +186,9 @@ def train(spec: TorchTrainSpec) -> Optional[dict]:
     history: List[dict] = []
     _callbacks(spec, "on_train_begin")
     for epoch in range(spec.epochs):
-        record = {"epoch": epoch, "train": _run_epoch(spec, hvd, model, optimizer, train_arrays, spec.batch_size,
-                                                      train_steps, True, rng, f"train.{epoch}")}
+        record = {"epoch": epoch,
+                  "train": _run_epoch(spec, hvd, model, optimizer, train_arrays, spec.batch_size, train_steps,
+                                      True, rng, f"train.{epoch}")}
         if val_arrays is not None:
             record["validation"] = _run_epoch(spec, hvd, model, optimizer, val_arrays, spec.val_batch_size,
                                               val_steps, False, rng, f"val.{epoch}")
