@@ -17,7 +17,7 @@ import ray.cloudpickle
 from horovod.common.wire import SECRET_ENV
 from horovod.ray import ElasticRayExecutor, RayExecutor, RayWorkerError, log_to_driver
 from horovod.ray.strategy import assign_ranks
-from tests.support.ray_cluster import call_with_deadline, ray_cluster_fixture
+from tests.support.ray_cluster import ROOT, call_with_deadline, ray_cluster_fixture, run_ray_script
 
 # pytest imports this file as a top-level module that Ray's workers cannot import: ship its functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -293,3 +293,11 @@ def test_ranks_follow_the_nodes_the_actors_landed_on():
     assert [(p.actor, p.slot.rank, p.slot.local_rank, p.slot.cross_rank) for p in placed] == [
         ("a", 0, 0, 0), ("c", 1, 1, 0), ("b", 2, 0, 1), ("d", 3, 1, 1)]
     assert {p.slot.hostname for p in placed} == {"10.0.0.1-n1000000", "10.0.0.1-n2000000"}
+
+
+@pytest.mark.timeout(150)
+def test_the_ray_digits_example_trains():
+    result = run_ray_script([sys.executable, str(ROOT / "examples" / "ray" / "ray_digits.py"), "--epochs", "6"],
+                            timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "epoch 5: loss" in result.stdout and "with 2 workers" in result.stdout, result.stdout

@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -157,3 +158,35 @@ def ray_cluster_fixture(nodes: int = 2, cpus_per_node: int = 2):
             yield cluster
 
     return fixture
+
+
+def run_ray_script(args: List[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run a script that starts its own local Ray (an example, a benchmark) with its Ray files in a private
+    temporary directory (short: Ray's socket paths must fit 107 bytes); afterwards kill whatever of its session is
+    still alive and remove the directory. On timeout raise AssertionError with its output."""
+    tmp = Path(tempfile.mkdtemp(prefix="hvdray-"))
+    (tmp / "ray").mkdir()
+    python_path = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "RAY_TMPDIR": str(tmp), "PYTHONPATH": python_path, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(ROOT),
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(args)} did not finish within {timeout:.0f} s:\n{out}") from None
+    finally:
+        _kill_session(proc.pid)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return subprocess.CompletedProcess(args, proc.returncode, out, "")
+
+
+def _kill_session(sid: int) -> None:
+    leftovers = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(process.pid) == sid:
+                leftovers.append(process)
+                process.kill()
+    psutil.wait_procs(leftovers, timeout=10)
