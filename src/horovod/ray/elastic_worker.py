@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import subprocess
 import threading
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional
@@ -19,33 +18,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod.runner.common.util.hosts import SlotInfo
-from horovod.runner.process import TAIL_LINES, WorkerExit
+from horovod.runner.process import TAIL_LINES, RemoteProcess, WorkerExit
 
 log = logging.getLogger("horovod.ray")
 
 KILLED = -9       # the return code of a worker whose actor died (as a process killed by SIGKILL)
 FAILED = 1        # the return code of a worker whose function raised
-
-
-class ActorProcess:
-    """The ``subprocess.Popen`` face of a worker actor that the driver reads."""
-
-    def __init__(self) -> None:
-        self.returncode: Optional[int] = None
-        self.pid = 0
-        self._done = threading.Event()
-
-    def poll(self) -> Optional[int]:
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if not self._done.wait(timeout):
-            raise subprocess.TimeoutExpired("ray actor", timeout)
-        return self.returncode
-
-    def finish(self, returncode: int) -> None:
-        self.returncode = returncode
-        self._done.set()
 
 
 class RayWorkerHandle:
@@ -56,7 +34,7 @@ class RayWorkerHandle:
         self.slot = slot
         self.node_id = node_id
         self.spec = SimpleNamespace(rank=slot.rank, hostname=slot.hostname)
-        self.proc = ActorProcess()
+        self.proc = RemoteProcess()
         self.tail: List[str] = []
         self.result: Optional[Dict[str, Any]] = None
         self.actor = actor_cls.options(
@@ -80,7 +58,7 @@ class RayWorkerHandle:
             self.tail, returncode = [f"the Ray actor died: {str(exc).splitlines()[0] if str(exc) else exc!r}"], KILLED
         except Exception as exc:  # the driver must hear of every end, whatever Ray raised
             self.tail, returncode = [repr(exc)], FAILED
-        self.proc.finish(returncode)
+        self.proc.end(returncode)
         events.put(("exit", self))
 
     def signal_group(self, signum: int) -> bool:

@@ -296,6 +296,32 @@ class WorkerProcess:
                           self.spec.command_text or self.spec.display, list(self.tail))
 
 
+class RemoteProcess:
+    """The part of ``subprocess.Popen`` that :func:`stop_workers` and the elastic driver read, for a worker that
+    runs where this process has no child (a Ray actor, a Spark task): ``end(returncode)`` records its end."""
+
+    def __init__(self, pid: int = -1) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self._ended = threading.Event()
+
+    def end(self, returncode: int) -> bool:
+        """Record the worker's end; False when it had already ended."""
+        if self._ended.is_set():
+            return False
+        self.returncode = returncode
+        self._ended.set()
+        return True
+
+    def poll(self) -> Optional[int]:
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"remote worker (pid {self.pid})", timeout)
+        return self.returncode
+
+
 def _install_signal_handlers(events: queue.SimpleQueue) -> Dict[int, object]:
     def handler(signum, frame):  # SimpleQueue.put is reentrant: safe in a signal handler
         events.put(("signal", signum))
