@@ -1,0 +1,191 @@
+"""Horovod on Ray against horovodrun on this machine, in one run, alternated: start-up and training throughput.
+
+1. **Start-up** (2 workers): from ``RayExecutor.start()`` to the first allreduce done in the first ``run()``'s
+   function (``hvd.init()`` of horovod.torch, then one allreduce), against ``horovodrun -np 2`` running the same
+   function in a script, from the launch to the same point. The latest rank's clock is taken. Reported twice for
+   Ray: with ``ray.init()`` (a local Ray started) **outside** the timed span (a cluster that already runs, the
+   usual case) and **inside** it.
+2. **Training throughput**: ``examples/ray/ray_digits.py``'s ``train`` (the digits network, batch 32 per worker,
+   one torch thread per worker) under ``RayExecutor.run`` and under ``horovodrun -np 2``; samples/s summed over
+   the workers, measured inside the training loop.
+
+    python benchmarks/ray_integration.py [--repeats 5] [--train-repeats 3] [--epochs 30] [--json out.json]
+
+Prints medians (and ranges) and the ratios. Ray's files go to a private temporary directory, removed at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "ray"))
+
+log = logging.getLogger("benchmarks.ray_integration")
+
+
+def first_allreduce() -> float:
+    """A worker's start: ``hvd.init()`` and one allreduce; the wall-clock time when it is done."""
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    hvd.allreduce(torch.ones(4), name="first")
+    return time.time()
+
+
+def _horovodrun(np: int, worker_args: List[str], timeout: float) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, __file__] + worker_args
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"horovodrun failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def _records(out: str, tag: str) -> List[dict]:
+    return [json.loads(line.split(tag, 1)[1]) for line in out.splitlines() if tag in line]
+
+
+def startup_horovodrun(timeout: float) -> float:
+    began = time.time()
+    stamps = _records(_horovodrun(2, ["--worker", "startup"], timeout), "STARTUP ")
+    return max(s["done"] for s in stamps) - began
+
+
+def startup_ray(ray_init: Callable[[], None], inside: bool) -> float:
+    import ray
+
+    from horovod.ray import RayExecutor
+
+    if not inside:
+        ray_init()
+    began = time.time()
+    if inside:
+        ray_init()
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2)
+    try:
+        executor.start()
+        elapsed = max(executor.run(first_allreduce)) - began
+    finally:
+        executor.shutdown()
+        ray.shutdown()
+    return elapsed
+
+
+def train_horovodrun(epochs: int, timeout: float) -> float:
+    records = _records(_horovodrun(2, ["--worker", "train", "--epochs", str(epochs)], timeout), "TRAIN ")
+    return sum(r["samples_per_s"] for r in records)
+
+
+def train_ray(ray_init: Callable[[], None], epochs: int) -> float:
+    import ray
+    import ray_digits
+
+    from horovod.ray import RayExecutor
+
+    ray_init()
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_workers=2)
+    try:
+        executor.start()
+        results = executor.run(ray_digits.train, kwargs={"epochs": epochs, "batch_size": 32, "lr": 0.02})
+    finally:
+        executor.shutdown()
+        ray.shutdown()
+    return sum(r["samples_per_s"] for r in results)
+
+
+def _worker(kind: str, epochs: int) -> None:
+    """One rank under horovodrun: prints its record on a tagged line."""
+    if kind == "startup":
+        print("STARTUP " + json.dumps({"done": first_allreduce()}), flush=True)
+    else:
+        import ray_digits
+
+        record = ray_digits.train(epochs=epochs, batch_size=32, lr=0.02)
+        print("TRAIN " + json.dumps(record), flush=True)
+
+
+def _summary(values: List[float]) -> Dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
+
+
+def _measure(args: argparse.Namespace, ray_init: Callable[[], None]) -> Dict[str, dict]:
+    startup: Dict[str, List[float]] = {"horovodrun": [], "ray (ray.init outside)": [], "ray (ray.init inside)": []}
+    loads = []
+    for rep in range(args.repeats):
+        loads.append(os.getloadavg()[0])
+        startup["horovodrun"].append(startup_horovodrun(args.timeout))
+        startup["ray (ray.init outside)"].append(startup_ray(ray_init, inside=False))
+        startup["ray (ray.init inside)"].append(startup_ray(ray_init, inside=True))
+        log.info("start-up %d: %s", rep, {k: round(v[-1], 2) for k, v in startup.items()})
+    train: Dict[str, List[float]] = {"horovodrun": [], "ray": []}
+    for rep in range(args.train_repeats):
+        loads.append(os.getloadavg()[0])
+        train["horovodrun"].append(train_horovodrun(args.epochs, args.timeout))
+        train["ray"].append(train_ray(ray_init, args.epochs))
+        log.info("training %d: %s", rep, {k: round(v[-1]) for k, v in train.items()})
+    return {"startup_s": {k: _summary(v) for k, v in startup.items()},
+            "samples_per_s": {k: _summary(v) for k, v in train.items()},
+            "load_1min": _summary(loads)}
+
+
+def _report(result: Dict[str, dict]) -> None:
+    print(f"1-minute load during the run: {result['load_1min']['min']:.2f}-{result['load_1min']['max']:.2f}")
+    base = result["startup_s"]["horovodrun"]["median"]
+    print("start-up to the first allreduce, 2 workers (median [min-max] s, ratio to horovodrun):")
+    for name, s in result["startup_s"].items():
+        print(f"  {name:24s} {s['median']:6.2f} [{s['min']:.2f}-{s['max']:.2f}]  x{s['median'] / base:.2f}")
+    base = result["samples_per_s"]["horovodrun"]["median"]
+    print("digits training throughput, 2 workers (median [min-max] samples/s, ratio to horovodrun):")
+    for name, s in result["samples_per_s"].items():
+        print(f"  {name:24s} {s['median']:8.0f} [{s['min']:.0f}-{s['max']:.0f}]  x{s['median'] / base:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="alternated start-up measurements of each")
+    parser.add_argument("--train-repeats", type=int, default=3, help="alternated training measurements of each")
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--worker", choices=["startup", "train"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.worker, args.epochs)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    tmp = Path(tempfile.mkdtemp(prefix="hvdray-bench-"))
+    (tmp / "ray").mkdir()
+    os.environ["RAY_TMPDIR"] = str(tmp)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT / "examples" / "ray"),
+                                                             os.environ.get("PYTHONPATH")]))
+
+    def ray_init() -> None:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+
+    try:
+        result = _measure(args, ray_init)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
