@@ -29,7 +29,8 @@ log = logging.getLogger("keras_spark_digits")
 def digits_frames(spark: SparkSession, seed: int = 0) -> Tuple[DataFrame, DataFrame]:
     """The digits as a DataFrame of ``features`` (64 floats in [0, 1]) and ``label``, split 75/25."""
     digits = load_digits()
-    rows = [([float(v) for v in pixels / 16.0], int(label)) for pixels, label in zip(digits.data, digits.target)]
+    rows = [([float(v) for v in pixels / 16.0], int(label))
+            for pixels, label in zip(digits.data, digits.target)]
     df = spark.createDataFrame(rows, "features array<double>, label long")
     train, test = df.randomSplit([0.75, 0.25], seed=seed)
     return train, test
@@ -72,7 +73,8 @@ def train_and_evaluate(spark: SparkSession, args: argparse.Namespace,
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default="local[2]", help="Spark master URL (default: local[2])")
     parser.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
     parser.add_argument("--epochs", type=int, default=8)
@@ -92,7 +94,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             model, acc, _ = train_and_evaluate(spark, args, args.work_dir or tmp)
         history = model.getHistory()
         for epoch in range(len(history["loss"])):
-            log.info("epoch %d: %s", epoch + 1, {name: round(values[epoch], 4) for name, values in history.items()})
+            metrics = {name: round(values[epoch], 4) for name, values in history.items()}
+            log.info("epoch %d: %s", epoch + 1, metrics)
         log.info("test accuracy on the held-out digits: %.2f%% (%d ranks)", 100 * acc, args.num_proc)
     finally:
         spark.stop()

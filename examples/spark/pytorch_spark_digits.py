@@ -3,8 +3,9 @@
 Run ``python examples/spark/pytorch_spark_digits.py`` (Spark's ``local[2]`` master, 2 Horovod ranks) or give a
 cluster: ``--master local-cluster[2,1,1024]`` or ``--master spark://host:7077``. It is upstream's
 ``pytorch_spark_mnist.py`` on scikit-learn's bundled digits (nothing is downloaded): the 64 pixel columns of a
-DataFrame become one vector column (a ``VectorAssembler``), a ``TorchEstimator`` in the same ``Pipeline`` trains
-a small CNN on ``--num-proc`` ranks with the data in a ``LocalStore``, and the fitted ``PipelineModel`` adds a
+DataFrame become one vector column (a ``VectorAssembler``), a ``TorchEstimator`` in the same ``Pipeline``
+trains a small CNN on ``--num-proc`` ranks with the data in a ``LocalStore``, and the fitted ``PipelineModel``
+adds a
 ``label__output`` column of class scores to the held-out rows, from which the accuracy is computed.
 """
 from __future__ import annotations
@@ -57,7 +58,8 @@ def accuracy(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 
 
 def digits_frames(spark: SparkSession, seed: int = 0) -> Tuple[DataFrame, DataFrame]:
-    """The digits as a DataFrame of 64 pixel columns (in [0, 1]) and a label, split 75/25 into train and test."""
+    """The digits as a DataFrame of 64 pixel columns (in [0, 1]) and a label, split 75/25 into train and
+    test."""
     digits = load_digits()
     rows = [tuple(float(v) for v in pixels / 16.0) + (int(label),)
             for pixels, label in zip(digits.data, digits.target)]
@@ -94,7 +96,8 @@ def train_and_evaluate(spark: SparkSession, args: argparse.Namespace,
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default="local[2]", help="Spark master URL (default: local[2])")
     parser.add_argument("--num-proc", type=int, default=2, help="Horovod ranks (Spark tasks)")
     parser.add_argument("--epochs", type=int, default=8)

@@ -126,6 +126,11 @@ class EstimatorParams(Params):
             raise ValueError(f"batch_size must be a positive integer, not {self.getBatchSize()!r}")
         if self.getEpochs() is None or self.getEpochs() < 1:
             raise ValueError(f"epochs must be a positive integer, not {self.getEpochs()!r}")
+        if self.getTransformationFn() is not None:
+            from horovod.spark.common.reader import TRANSFORMATION_NEEDS_PANDAS, pandas_available
+
+            if not pandas_available():
+                raise ValueError(TRANSFORMATION_NEEDS_PANDAS)
         validation = self.getValidation()
         if isinstance(validation, float) and not 0.0 <= validation < 1.0:
             raise ValueError(f"validation must be a fraction in [0, 1) or a column name, not {validation!r}")

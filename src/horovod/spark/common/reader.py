@@ -14,6 +14,18 @@ from typing import Callable, Dict, Iterator, Optional, Sequence
 import numpy as np
 
 Arrays = Dict[str, np.ndarray]
+TRANSFORMATION_NEEDS_PANDAS = ("transformation_fn is given each rank's rows as a pandas DataFrame (as "
+                               "upstream's); pandas is not installed here: pip install pandas, or drop "
+                               "transformation_fn")
+
+
+def pandas_available() -> bool:
+    """True when pandas can be imported (transformation_fn needs it; nothing else here does)."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _is_list(arrow_type) -> bool:
@@ -68,6 +80,8 @@ def read_shard(store, path: str, rank: int, size: int, columns: Sequence[str],
         table = dataset.to_table(columns=list(columns))
         table = table.take(pa.array(range(rank, table.num_rows, size), type=pa.int64()))
     if transformation_fn is not None:
+        if not pandas_available():
+            raise RuntimeError(TRANSFORMATION_NEEDS_PANDAS)
         return pandas_to_arrays(transformation_fn(table.to_pandas()), columns)
     return {col: column_to_numpy(table.column(col)) for col in columns}
 

@@ -113,6 +113,11 @@ class Store:
         return FilesystemStore(prefix_path, *args, **kwargs)
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _protocol(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else ""
 
@@ -347,6 +352,7 @@ class HDFSStore(FilesystemStore):
         except Exception as exc:
             raise RuntimeError(
                 f"HDFSStore could not connect to {self.prefix_path!r} through fsspec's HDFS filesystem: "
-                f"{exc}. It needs pyarrow's HDFS support: a Hadoop client with libhdfs (set HADOOP_HOME, "
-                "JAVA_HOME and CLASSPATH=$(hadoop classpath --glob)) on every machine that runs the estimator"
+                f"{_first_line(exc)}. It needs pyarrow's HDFS support: a Hadoop client with libhdfs (set "
+                "HADOOP_HOME, JAVA_HOME and CLASSPATH=$(hadoop classpath --glob)) on every machine that runs "
+                "the estimator"
             ) from exc

@@ -1,0 +1,160 @@
+"""The Spark ML estimators on a real Spark (``local-cluster[2,1,1024]``, started once for the module): the
+digits examples' TorchEstimator (in a Pipeline) and KerasEstimator fit at 2 ranks through
+``horovod.spark.run``, predict, keep their history and checkpoint, and save and load; a bad param fails before
+anything runs.
+
+The examples' own code builds the data, the estimators and the accuracy (examples/spark/*.py), so these tests
+run the examples too, minus their SparkSession set-up. Every fit goes through ``GuardedBackend``: a
+SparkBackend whose ranks dump their stacks and exit if they outlive ``RANK_DEADLINE_S``, so a hang fails the
+test with the ranks' stacks in its output instead of running into the pytest timeout.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import cloudpickle
+import numpy as np
+import pytest
+from pyspark import cloudpickle as spark_cloudpickle
+from pyspark.ml import PipelineModel
+
+from horovod.spark.common.backend import SparkBackend
+from horovod.spark.common.store import Store
+from horovod.spark.keras import KerasEstimator, KerasModel
+from horovod.spark.torch import TorchEstimator
+from tests.support.spark import spark_fixture
+
+ROOT = Path(__file__).resolve().parents[2]
+RANK_DEADLINE_S = 150
+
+spark = spark_fixture(executors=2)
+
+
+def _load_example(name: str):
+    path = ROOT / "examples" / "spark" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"spark_example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    # the ranks (cloudpickle) and the transform's Spark tasks (pyspark's cloudpickle) get its network by value
+    cloudpickle.register_pickle_by_value(module)
+    spark_cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+torch_example = _load_example("pytorch_spark_digits")
+keras_example = _load_example("keras_spark_digits")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class GuardedBackend(SparkBackend):
+    """SparkBackend whose ranks dump every thread's stack to stderr and exit after ``RANK_DEADLINE_S``."""
+
+    def run(self, fn, args=(), kwargs=None, env=None):
+        def guarded(*fn_args, **fn_kwargs):
+            import faulthandler
+
+            faulthandler.dump_traceback_later(RANK_DEADLINE_S, exit=True)
+            try:
+                return fn(*fn_args, **fn_kwargs)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+
+        return super().run(guarded, args=args, kwargs=kwargs, env=env)
+
+
+def _scores(df, column: str = "label__output") -> np.ndarray:
+    return np.stack([row[column].toArray() for row in df.select(column).collect()])
+
+
+@pytest.mark.timeout(240)
+def test_torch_estimator_in_a_pipeline_fits_predicts_and_round_trips(spark, tmp_path):
+    args = torch_example.parse_args(["--epochs", "6"])
+    train, test = torch_example.digits_frames(spark, args.seed)
+    store = Store.create(str(tmp_path / "store"))
+    pipeline = torch_example.build_pipeline(args, store)
+    estimator = pipeline.getStages()[-1]
+    estimator.setBackend(GuardedBackend(num_proc=2))
+    model = pipeline.fit(train)
+
+    torch_model = model.stages[-1]
+    history = torch_model.getHistory()
+    assert [epoch["epoch"] for epoch in history] == list(range(6))
+    assert all({"loss", "accuracy"} <= set(epoch["train"]) and "loss" in epoch["validation"]
+               for epoch in history)
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] / 2
+    assert store.exists(store.get_checkpoint_path(torch_model.getRunId())), "rank 0 checkpoints to the store"
+    accuracy = torch_example.held_out_accuracy(model, test)
+    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+
+    model.write().overwrite().save(str(tmp_path / "pipeline_model"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline_model"))
+    np.testing.assert_allclose(_scores(loaded.transform(test)), _scores(model.transform(test)), rtol=1e-5,
+                               atol=1e-6)
+
+    estimator.write().overwrite().save(str(tmp_path / "estimator"))
+    reloaded = TorchEstimator.load(str(tmp_path / "estimator"))
+    assert (reloaded.getFeatureCols(), reloaded.getBatchSize(), reloaded.getEpochs()) == (["features"], 32, 6)
+    assert type(reloaded.getModel()).__name__ == "Net"
+
+
+@pytest.mark.timeout(240)
+def test_keras_estimator_fits_predicts_and_round_trips(spark, tmp_path):
+    args = keras_example.parse_args(["--epochs", "6"])
+    train, test = keras_example.digits_frames(spark, args.seed)
+    estimator = keras_example.build_estimator(args, Store.create(str(tmp_path / "store")))
+    estimator.setBackend(GuardedBackend(num_proc=2))
+    model = estimator.fit(train)
+
+    history = model.getHistory()
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
+    assert all(len(values) == 6 for values in history.values())
+    assert history["loss"][-1] < history["loss"][0] / 2
+    accuracy = keras_example.held_out_accuracy(model, test)
+    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+
+    model.write().overwrite().save(str(tmp_path / "keras_model"))
+    loaded = KerasModel.load(str(tmp_path / "keras_model"))
+    assert loaded.getHistory() == history
+    np.testing.assert_allclose(_scores(loaded.transform(test)), _scores(model.transform(test)), rtol=1e-5,
+                               atol=1e-6)
+
+    estimator.write().overwrite().save(str(tmp_path / "estimator"))
+    reloaded = KerasEstimator.load(str(tmp_path / "estimator"))
+    assert (reloaded.getLoss(), reloaded.getMetrics(), reloaded.getEpochs()) == (
+        "sparse_categorical_crossentropy", ["accuracy"], 6)
+    assert reloaded.getModel().count_params() == estimator.getModel().count_params()
+    assert reloaded.getOptimizer().get_config() == estimator.getOptimizer().get_config()
+
+
+class NeverRunBackend(SparkBackend):
+    def run(self, fn, args=(), kwargs=None, env=None):
+        raise AssertionError("training started although the params were bad")
+
+
+@pytest.mark.timeout(60)
+def test_bad_params_fail_before_training_with_a_clear_message(spark, tmp_path):
+    args = keras_example.parse_args([])
+    train, _ = keras_example.digits_frames(spark, args.seed)
+    store = Store.create(str(tmp_path / "store"))
+    estimator = keras_example.build_estimator(args, store)
+    estimator.setBackend(NeverRunBackend(num_proc=2))
+
+    estimator.setFeatureCols(["pixels"])
+    with pytest.raises(ValueError, match=r"no column\(s\) named in feature_cols \['pixels'\].*'features'"):
+        estimator.fit(train)
+    estimator.setFeatureCols(["features"]).setValidation("is_val")
+    with pytest.raises(ValueError, match=r"validation \['is_val'\]"):
+        estimator.fit(train)
+    estimator.setValidation(1.5)
+    with pytest.raises(ValueError, match=r"validation must be a fraction in \[0, 1\)"):
+        estimator.fit(train)
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir()), "nothing was written"
+
+    no_store = keras_example.build_estimator(args, store)
+    no_store.clear(no_store.store)
+    with pytest.raises(ValueError, match=r"has no store: pass store=Store.create"):
+        no_store.fit(train)
