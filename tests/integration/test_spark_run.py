@@ -181,3 +181,80 @@ def test_impossible_num_proc_fails_with_a_clear_message(spark):
 def test_use_mpi_is_refused_naming_the_alternative():
     with pytest.raises(NotImplementedError, match="use_mpi=True.*Leave use_mpi unset .*use_gloo=True"):
         horovod.spark.run(topology_and_allreduce, use_mpi=True)
+
+
+def elastic_training(pid_dir, total_steps):
+    import faulthandler
+
+    import torch
+
+    import horovod.torch as hvd
+
+    faulthandler.register(signal.SIGUSR1)
+    hvd.init()
+    state = hvd.elastic.TorchState(step=0, sizes=[])
+    resets = []
+    state.register_reset_callbacks([lambda: resets.append(hvd.size())])
+
+    @hvd.elastic.run
+    def train(state):
+        _record_pid(pid_dir)
+        while state.step < total_steps:
+            total = hvd.allreduce(torch.ones(1), op=hvd.Sum)
+            state.sizes.append(int(total[0]))
+            state.step += 1
+            if state.step == 5 and hvd.rank() == 0:
+                Path(pid_dir, "step5").write_text(str(os.getpid()))
+            time.sleep(0.1)
+            state.commit()
+        return state.step, state.sizes, os.environ["HOROVOD_HOSTNAME"], resets
+
+    return train(state)
+
+
+def _executor_jvms() -> List[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if proc.name() == "java" and "CoarseGrainedExecutorBackend" in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
+
+
+def _kill_executor_without_rank_zero(pid_dir: Path, stop: threading.Event, killed: dict) -> None:
+    """Once rank 0 did 5 steps, SIGKILL the executor JVM that does not host rank 0 (its state must survive)."""
+    while not stop.is_set() and not (pid_dir / "step5").exists():
+        time.sleep(0.05)
+    if stop.is_set():
+        return
+    rank0_jvms = {p.pid for p in psutil.Process(int((pid_dir / "step5").read_text())).parents()}
+    victim = next(jvm for jvm in _executor_jvms() if jvm.pid not in rank0_jvms)
+    args = victim.cmdline()
+    killed["executor"] = args[args.index("--executor-id") + 1]
+    killed["ranks"] = [pid for pid in _pids(pid_dir) if victim.pid in {p.pid for p in psutil.Process(pid).parents()}]
+    victim.kill()
+
+
+@pytest.mark.timeout(150)
+def test_run_elastic_goes_on_without_a_lost_executor(spark, tmp_path):
+    stop, killed = threading.Event(), {}
+    killer = threading.Thread(target=_kill_executor_without_rank_zero, args=(tmp_path, stop, killed), daemon=True)
+    killer.start()
+    out = io.StringIO()
+    try:
+        with watchdog(120):
+            results = horovod.spark.run_elastic(elastic_training, args=(str(tmp_path), 40), num_proc=4,
+                                                min_num_proc=2, stdout=out, stderr=out)
+    finally:
+        stop.set()
+        killer.join()
+    assert killed and len(killed["ranks"]) == 2, f"the test killed no executor with two ranks: {killed}"
+    steps, sizes, hosts, resets = zip(*results)
+    assert set(steps) == {40} and len(set(map(tuple, sizes))) == 1, results
+    assert sizes[0][0] == 4, sizes[0]                       # the job started with four ranks
+    # It went on with the two survivors, rank 0 through a reset with its state, and grew back to four if the
+    # executor Spark starts in place of the lost one came in time (its new workers start fresh, with no reset)...
+    assert len(results) in (2, 4) and resets[0], results
+    # ... never again on the executor that was lost, whose ranks are gone.
+    assert not any(host.endswith(f"-executor-{killed['executor']}") for host in hosts), hosts
+    assert _wait_gone(killed["ranks"]) == []

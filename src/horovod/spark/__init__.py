@@ -5,6 +5,7 @@ running SparkContext (or ``SparkSession.builder.getOrCreate()``). See docs/spark
 """
 from __future__ import annotations
 
+from .elastic import run_elastic
 from .runner import run
 
-__all__ = ["run"]
+__all__ = ["run", "run_elastic"]
