@@ -144,7 +144,8 @@ def test_bad_params_fail_before_training_with_a_clear_message(spark, tmp_path):
     estimator.setBackend(NeverRunBackend(num_proc=2))
 
     estimator.setFeatureCols(["pixels"])
-    with pytest.raises(ValueError, match=r"no column\(s\) named in feature_cols \['pixels'\].*'features'"):
+    with pytest.raises(ValueError, match=r"no column\(s\) named in feature_cols \['pixels'\]; its columns are "
+                                         r"\[features, label\]\. Fix the estimator's params"):
         estimator.fit(train)
     estimator.setFeatureCols(["features"]).setValidation("is_val")
     with pytest.raises(ValueError, match=r"validation \['is_val'\]"):

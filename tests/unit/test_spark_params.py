@@ -3,11 +3,13 @@ constructors, and the checks that stop a fit before it starts."""
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from horovod.spark.common.backend import Backend, SparkBackend
+from horovod.spark.common.data import check_columns
 from horovod.spark.common.params import ESTIMATOR_PARAMS
 from horovod.spark.common.serialization import dumps, loads
 from horovod.spark.keras import KerasEstimator, KerasModel
@@ -107,3 +109,11 @@ def test_param_values_survive_the_persistence_codec():
     back = loads(dumps({"model": model, "optimizer": optimizer}))
     shared = {id(p) for p in back["model"].parameters()}
     assert {id(p) for group in back["optimizer"].param_groups for p in group["params"]} == shared
+
+
+def test_a_missing_column_is_named_with_the_frames_columns():
+    frame = SimpleNamespace(columns=["label", *[f"pixel{i}" for i in range(64)]])
+    with pytest.raises(ValueError, match=r"named in feature_cols \['features'\]; label_cols \['y'\]; its columns "
+                                         r"are \[label, pixel0, .*, pixel18, \.\.\. \(45 more\)\]\. Fix"):
+        check_columns(frame, ["features", "pixel3"], ["y"])
+    check_columns(frame, ["pixel3"], ["label"])

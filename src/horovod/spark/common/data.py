@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 log = logging.getLogger(__name__)
+MAX_COLUMNS_SHOWN = 20
 
 
 @dataclass
@@ -32,6 +33,8 @@ def check_columns(df, feature_cols: Sequence[str], label_cols: Sequence[str],
                   validation: Union[None, float, str] = None) -> None:
     """ValueError naming every param whose column is not in ``df`` (raised before any training starts)."""
     present = set(df.columns)
+    shown = ", ".join(df.columns[:MAX_COLUMNS_SHOWN]) + (
+        f", ... ({len(df.columns) - MAX_COLUMNS_SHOWN} more)" if len(df.columns) > MAX_COLUMNS_SHOWN else "")
     wanted = [("feature_cols", list(feature_cols)), ("label_cols", list(label_cols))]
     if sample_weight_col:
         wanted.append(("sample_weight_col", [sample_weight_col]))
@@ -41,7 +44,7 @@ def check_columns(df, feature_cols: Sequence[str], label_cols: Sequence[str],
                 if (missing := [col for col in cols if col not in present])]
     if problems:
         raise ValueError(f"the DataFrame has no column(s) named in {'; '.join(problems)}; its columns are "
-                         f"{sorted(present)}. Fix the estimator's params or add the columns to the DataFrame")
+                         f"[{shown}]. Fix the estimator's params or add the columns to the DataFrame")
 
 
 def column_metadata(df, cols: Sequence[str]) -> Dict[str, Dict[str, Any]]:
