@@ -13,7 +13,8 @@
 
     python benchmarks/ray_integration.py [--repeats 5] [--train-repeats 3] [--epochs 30] [--json out.json]
 
-Prints medians (and ranges) and the ratios. Ray's files go to a private temporary directory, removed at the end.
+Each repeat measures every variant once, in an order reversed on every other repeat. Prints medians (and
+ranges), the ratio of the medians, and the median of the per-repeat ratios. Ray's files go to a private temporary directory, removed at the end.
 """
 from __future__ import annotations
 
@@ -131,39 +132,63 @@ def _summary(values: List[float]) -> Dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "all": values}
 
 
+def _alternate(rep: int, runs: Dict[str, Callable[[], float]], into: Dict[str, List[float]]) -> None:
+    """One measurement of each; the order is reversed on every other repeat, so that drift in the machine's
+    load falls on both sides."""
+    names = list(runs) if rep % 2 == 0 else list(reversed(runs))
+    for name in names:
+        into[name].append(runs[name]())
+
+
+def _paired_ratios(values: Dict[str, List[float]]) -> Dict[str, dict]:
+    """Each variant's value over horovodrun's in the same repeat: the median of these is robust to drift."""
+    base = values["horovodrun"]
+    return {name: _summary([v / b for v, b in zip(series, base)]) for name, series in values.items()
+            if name != "horovodrun" and series}
+
+
 def _measure(args: argparse.Namespace, ray_init: Callable[[], None]) -> Dict[str, dict]:
-    startup: Dict[str, List[float]] = {"horovodrun": [], "ray (ray.init outside)": [], "ray (ray.init inside)": []}
+    startup_runs = {"horovodrun": lambda: startup_horovodrun(args.timeout),
+                    "ray (ray.init outside)": lambda: startup_ray(ray_init, inside=False),
+                    "ray (ray.init inside)": lambda: startup_ray(ray_init, inside=True)}
+    train_runs = {"horovodrun": lambda: train_horovodrun(args.epochs, args.timeout),
+                  "ray": lambda: train_ray(ray_init, args.epochs),
+                  "ray (workers at nice 0)": lambda: train_ray(ray_init, args.epochs, niceness=0)}
+    startup: Dict[str, List[float]] = {name: [] for name in startup_runs}
+    train: Dict[str, List[float]] = {name: [] for name in train_runs}
     loads = []
     for rep in range(args.repeats):
         loads.append(os.getloadavg()[0])
-        startup["horovodrun"].append(startup_horovodrun(args.timeout))
-        startup["ray (ray.init outside)"].append(startup_ray(ray_init, inside=False))
-        startup["ray (ray.init inside)"].append(startup_ray(ray_init, inside=True))
+        _alternate(rep, startup_runs, startup)
         log.info("start-up %d: %s", rep, {k: round(v[-1], 2) for k, v in startup.items()})
-    train: Dict[str, List[float]] = {"horovodrun": [], "ray": [], "ray (workers at nice 0)": []}
     for rep in range(args.train_repeats):
         loads.append(os.getloadavg()[0])
-        train["horovodrun"].append(train_horovodrun(args.epochs, args.timeout))
-        train["ray"].append(train_ray(ray_init, args.epochs))
-        train["ray (workers at nice 0)"].append(train_ray(ray_init, args.epochs, niceness=0))
+        _alternate(rep, train_runs, train)
         log.info("training %d: %s", rep, {k: round(v[-1]) for k, v in train.items()})
     return {"startup_s": {k: _summary(v) for k, v in startup.items() if v},
+            "startup_ratio": _paired_ratios(startup) if args.repeats else {},
             "samples_per_s": {k: _summary(v) for k, v in train.items() if v},
+            "samples_ratio": _paired_ratios(train) if args.train_repeats else {},
             "load_1min": _summary(loads)}
 
 
 def _report(result: Dict[str, dict]) -> None:
     print(f"1-minute load during the run: {result['load_1min']['min']:.2f}-{result['load_1min']['max']:.2f}")
-    if result["startup_s"]:
-        base = result["startup_s"]["horovodrun"]["median"]
-        print("start-up to the first allreduce, 2 workers (median [min-max] s, ratio to horovodrun):")
-        for name, s in result["startup_s"].items():
-            print(f"  {name:24s} {s['median']:6.2f} [{s['min']:.2f}-{s['max']:.2f}]  x{s['median'] / base:.2f}")
-    if result["samples_per_s"]:
-        base = result["samples_per_s"]["horovodrun"]["median"]
-        print("digits training throughput, 2 workers (median [min-max] samples/s, ratio to horovodrun):")
-        for name, s in result["samples_per_s"].items():
-            print(f"  {name:24s} {s['median']:8.0f} [{s['min']:.0f}-{s['max']:.0f}]  x{s['median'] / base:.3f}")
+    tables = [("startup_s", "startup_ratio", "start-up to the first allreduce, 2 workers, s", "{:8.2f}"),
+              ("samples_per_s", "samples_ratio", "digits training throughput, 2 workers, samples/s", "{:8.0f}")]
+    for key, ratio_key, title, fmt in tables:
+        if not result[key]:
+            continue
+        print(f"{title}: median [min-max]; ratio to horovodrun: of the medians, and median [min-max] of the "
+              "per-repeat ratios")
+        base = result[key]["horovodrun"]["median"]
+        for name, s in result[key].items():
+            line = f"  {name:24s} {fmt.format(s['median'])} [{fmt.format(s['min']).strip()}-" \
+                   f"{fmt.format(s['max']).strip()}]  x{s['median'] / base:.3f}"
+            if name in result[ratio_key]:
+                r = result[ratio_key][name]
+                line += f"  paired x{r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}]"
+            print(line)
 
 
 def main() -> None:
