@@ -178,6 +178,7 @@ def test_impossible_num_proc_fails_with_a_clear_message(spark):
     assert time.monotonic() - started < 30
 
 
+@pytest.mark.timeout(30)
 def test_use_mpi_is_refused_naming_the_alternative():
     with pytest.raises(NotImplementedError, match="use_mpi=True.*Leave use_mpi unset .*use_gloo=True"):
         horovod.spark.run(topology_and_allreduce, use_mpi=True)
@@ -258,3 +259,57 @@ def test_run_elastic_goes_on_without_a_lost_executor(spark, tmp_path):
     # ... never again on the executor that was lost, whose ranks are gone.
     assert not any(host.endswith(f"-executor-{killed['executor']}") for host in hosts), hosts
     assert _wait_gone(killed["ranks"]) == []
+
+
+# Pure parts, no Spark needed.
+
+@pytest.mark.timeout(30)
+def test_ranks_are_placed_contiguously_per_host():
+    from horovod.spark.task import place_ranks
+
+    slots = place_ranks(["b", "a", "b", "a", "b"])          # partition -> host, in Spark's task order
+    assert [(s.hostname, s.rank, s.local_rank, s.local_size) for s in slots] == [
+        ("b", 0, 0, 3), ("a", 3, 0, 2), ("b", 1, 1, 3), ("a", 4, 1, 2), ("b", 2, 2, 3)]
+    assert {(s.cross_rank, s.cross_size) for s in slots if s.hostname == "a"} == {(1, 2)}
+
+
+@pytest.mark.timeout(30)
+def test_root_failure_prefers_the_rank_that_failed_on_its_own():
+    from horovod.common import wire
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod.common.kvstore import KVStoreServer
+    from horovod.runner import run_func
+    from horovod.spark import protocol
+    from horovod.spark.failures import root_failure
+
+    store = KVStoreServer(b"k" * 32, host="127.0.0.1")
+    store.start()
+    try:
+        assert root_failure(store) is None
+        place = protocol.TaskPlace("h", "3", 0)
+        # Rank 0 failed first, only because its peer was lost; rank 1 was killed.
+        store.put(run_func.RESULT_SCOPE, "0", run_func.encode_failure(HorovodInternalError("peer lost"), "tb0"))
+        store.put(protocol.EXIT_SCOPE, "0", protocol.exit_record(1, [], place, 10.0))
+        store.put(protocol.EXIT_SCOPE, "1", protocol.exit_record(-9, ["last words"],
+                                                                 protocol.TaskPlace("h", "4", 1), 11.0))
+        store.put(protocol.EXIT_SCOPE, "2", protocol.exit_record(0, [], place, 12.0))
+        error = root_failure(store)
+        assert (error.rank, error.executor) == (1, "4")
+        assert str(error).startswith("horovod.spark.run: rank 1 on Spark executor 4 (host h, task 1) exited "
+                                     "(killed by SIGKILL) before it reported a result.\nLast 1 output lines")
+        assert "Ranks that failed after it: 0." in str(error)
+        assert wire.unpack(store.get(protocol.EXIT_SCOPE, "2"))["returncode"] == 0
+    finally:
+        store.stop()
+
+
+@pytest.mark.timeout(30)
+def test_run_elastic_checks_its_sizes():
+    from horovod.spark.elastic import resolve_sizes
+
+    assert resolve_sizes(4, None, None, 2, 6, 8) == (4, 2, 6)
+    assert resolve_sizes(None, None, None, None, None, 3) == (3, 3, 3)
+    with pytest.raises(ValueError, match="min_num_proc=2 and its alias=3 disagree"):
+        resolve_sizes(4, 2, None, 3, None, 8)
+    with pytest.raises(ValueError, match=r"1 <= min_num_proc \(5\) <= num_proc \(4\)"):
+        resolve_sizes(4, 5, None, None, None, 8)
