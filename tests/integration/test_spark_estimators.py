@@ -19,8 +19,11 @@ import numpy as np
 import pytest
 from pyspark import cloudpickle as spark_cloudpickle
 from pyspark.ml import PipelineModel
+from pyspark.ml.linalg import Vectors
 
 from horovod.spark.common.backend import SparkBackend
+from horovod.spark.common.data import prepare_data
+from horovod.spark.common.reader import read_shard
 from horovod.spark.common.store import Store
 from horovod.spark.keras import KerasEstimator, KerasModel
 from horovod.spark.torch import TorchEstimator
@@ -159,3 +162,28 @@ def test_bad_params_fail_before_training_with_a_clear_message(spark, tmp_path):
     no_store.clear(no_store.store)
     with pytest.raises(ValueError, match=r"has no store: pass store=Store.create"):
         no_store.fit(train)
+
+
+@pytest.mark.timeout(60)
+def test_vectors_arrays_and_a_validation_column_reach_the_ranks_intact(spark, tmp_path):
+    rows = [(Vectors.sparse(3, {i % 3: float(i)}) if i % 2 else Vectors.dense([float(i), 0.5, -1.0]),
+             [float(i), float(-i)], i, i % 4 == 0) for i in range(40)]
+    df = spark.createDataFrame(rows, ["vec", "arr", "label", "is_val"])
+    store = Store.create(str(tmp_path / "store"))
+    info = prepare_data(store, df, ["vec", "arr"], ["label"], idx="t", num_processes=2, validation="is_val",
+                        partitions_per_process=2)
+    assert (info.train_rows, info.val_rows) == (30, 10)
+    assert {col: meta["kind"] for col, meta in info.metadata.items()} == {
+        "vec": "vector", "arr": "array", "label": "scalar"}
+    shards = [read_shard(store, store.get_train_data_path("t"), rank, 2, ["vec", "arr", "label"])
+              for rank in range(2)]
+    labels = np.concatenate([shard["label"] for shard in shards])
+    assert sorted(labels.tolist()) == [i for i in range(40) if i % 4]
+    for shard in shards:
+        assert len(shard["label"]) > 0
+        for vec, arr, label in zip(shard["vec"], shard["arr"], shard["label"]):
+            expected = rows[label][0].toArray()
+            np.testing.assert_array_equal(vec, expected)
+            np.testing.assert_array_equal(arr, [label, -label])
+    val = read_shard(store, store.get_val_data_path("t"), 0, 1, ["label"])
+    assert sorted(val["label"].tolist()) == list(range(0, 40, 4))

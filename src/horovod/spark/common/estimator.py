@@ -10,8 +10,8 @@ batches by the function the framework subclass gives (``_make_predict_fn``).
 """
 from __future__ import annotations
 
-import os
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Sequence
 
@@ -69,7 +69,8 @@ class HorovodEstimator(Estimator, EstimatorParams):
         validation = self.getValidation()
         check_columns(df, self.getFeatureCols(), self.getLabelCols(), self.getSampleWeightCol(), validation)
         backend = self._get_or_create_backend()
-        run_id = self.getRunId() or f"{self.RUN_ID_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_{os.getpid()}"
+        run_id = self.getRunId() or (f"{self.RUN_ID_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_"
+                                     f"{uuid.uuid4().hex[:8]}")
         dataset = prepare_data(store, df, self.getFeatureCols(), self.getLabelCols(), idx=run_id,
                                num_processes=backend.num_processes(), validation=validation,
                                sample_weight_col=self.getSampleWeightCol(),

@@ -77,7 +77,11 @@ def _loss(spec: TorchTrainSpec, outputs: list, labels: list, weights: Any):
         loss_fn = spec.losses[i] if len(spec.losses) > 1 else spec.losses[0]
         value = loss_fn(output, label)
         if weights is not None:
-            value = (value * weights).mean() if value.dim() else value
+            if value.dim() == 0:
+                raise ValueError("sample_weight_col needs a loss that returns one value per row (e.g. "
+                                 "reduction='none'), so that each row's loss can be weighted; this loss "
+                                 "returned a single number")
+            value = (value.reshape(len(weights), -1).mean(1) * weights).mean()
         total = total + (spec.loss_weights[i] if spec.loss_weights else 1.0) * value
     return total
 
