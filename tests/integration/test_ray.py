@@ -253,6 +253,30 @@ def test_elastic_job_replaces_a_killed_actor_and_finishes(ray_two_nodes, tmp_pat
     assert all(r["params"] == results[0]["params"] for r in results)      # the same model on every worker
 
 
+def _elastic_raise_everywhere():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    raise ValueError(f"rank {hvd.rank()} gives up on purpose")
+
+
+@pytest.mark.timeout(120)
+def test_an_elastic_job_whose_workers_all_raise_fails_naming_the_first_rank(ray_two_nodes):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), min_workers=2, max_workers=2,
+                           elastic_timeout=30)
+    try:
+        _started(ray_two_nodes, executor)
+        with pytest.raises(RayWorkerError) as info:
+            call_with_deadline(ray_two_nodes, lambda: executor.run(_elastic_raise_everywhere), 90, "the elastic run")
+    finally:
+        executor.shutdown()
+    message = str(info.value)
+    assert info.value.rank == 0
+    assert "The elastic job on Ray failed" in message and "Process name: 0" in message
+    assert f"Host: {info.value.hostname}" in message and "the function in a Ray actor on node" in message
+    assert "ValueError: rank 0 gives up on purpose" in message
+
+
 @pytest.mark.timeout(120)
 def test_elastic_ray_executor_is_the_deprecated_alias(ray_two_nodes):
     def fn():

@@ -4,7 +4,8 @@
 :class:`horovod.runner.process.WorkerProcess` (``proc.returncode``/``poll``/``wait``, ``signal_group``,
 ``join_output``, ``close``, ``exit_info``, ``spec.rank``/``spec.hostname``). :class:`RayWorkerHandle` gives it
 that face for a Ray actor: the actor runs the function once, a thread waits for its result and posts the exit
-to the driver's events, and "signals" kill the actor.
+to the driver's events, and "signals" kill the actor. A function that raises has its actor killed at once, as a
+process that raised would exit, so that its peers' collectives fail instead of waiting for it.
 """
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ class RayWorkerHandle:
             else:
                 self.result, returncode = outcome, 0
         except ray.exceptions.RayTaskError as exc:
+            # As a process that raised would exit: its peers' collectives fail now instead of waiting for it.
+            self.kill()
             self.tail, returncode = str(exc).splitlines()[-TAIL_LINES:], FAILED
+            log.warning("the function raised on %s[%d] (rank %d): %s", self.slot.hostname, self.slot.local_rank,
+                        self.slot.rank, self.tail[-1] if self.tail else exc)
         except ray.exceptions.RayActorError as exc:
             self.tail, returncode = [f"the Ray actor died: {str(exc).splitlines()[0] if str(exc) else exc!r}"], KILLED
         except Exception as exc:  # the driver must hear of every end, whatever Ray raised
