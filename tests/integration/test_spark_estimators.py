@@ -26,6 +26,7 @@ from horovod.spark.common.data import prepare_data
 from horovod.spark.common.reader import read_shard
 from horovod.spark.common.store import Store
 from horovod.spark.keras import KerasEstimator, KerasModel
+from horovod.spark.keras.remote import model_from_bytes
 from horovod.spark.torch import TorchEstimator
 from tests.support.spark import spark_fixture
 
@@ -108,7 +109,8 @@ def test_torch_estimator_in_a_pipeline_fits_predicts_and_round_trips(spark, tmp_
 def test_keras_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     args = keras_example.parse_args(["--epochs", "6"])
     train, test = keras_example.digits_frames(spark, args.seed)
-    estimator = keras_example.build_estimator(args, Store.create(str(tmp_path / "store")))
+    store = Store.create(str(tmp_path / "store"))
+    estimator = keras_example.build_estimator(args, store)
     estimator.setBackend(GuardedBackend(num_proc=2))
     model = estimator.fit(train)
 
@@ -116,6 +118,9 @@ def test_keras_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(history)
     assert all(len(values) == 6 for values in history.values())
     assert history["loss"][-1] < history["loss"][0] / 2
+    checkpoint = model_from_bytes(store.read(store.get_checkpoint_path(model.getRunId())))
+    assert all(np.array_equal(a, b) for a, b in zip(checkpoint.get_weights(), model.getModel().get_weights())), \
+        "rank 0's checkpoint after the last epoch holds the trained weights"
     accuracy = keras_example.held_out_accuracy(model, test)
     assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
 
