@@ -108,6 +108,17 @@ def test_every_row_is_read_by_exactly_one_rank(memory_store, files, size):
         assert len(shard["id"]) > 0
 
 
+def test_empty_files_leave_no_rank_without_rows(memory_store):
+    path = memory_store.get_train_data_path("t")
+    _write_parquet(memory_store, path, 2, rows_per_file=3)
+    empty = pa.table({"id": pa.array([], pa.int64()), "features": pa.array([], pa.list_(pa.float64()))})
+    for name in ("part-00002", "part-00003"):  # sorted after the full ones: rank 1 would get only empties
+        with memory_store.fs.open(f"{memory_store.get_localized_path(path)}/{name}.parquet", "wb") as f:
+            pq.write_table(empty, f)
+    shards = [read_shard(memory_store, path, rank, 3, ["id"])["id"].tolist() for rank in range(3)]
+    assert sorted(sum(shards, [])) == list(range(6)) and all(shards)
+
+
 def test_transformation_fn_without_pandas_says_what_to_install(memory_store, monkeypatch):
     path = memory_store.get_train_data_path("t")
     _write_parquet(memory_store, path, 2, rows_per_file=3)

@@ -1,8 +1,8 @@
 """The ranks' side of the data path: read this rank's shard of the Parquet data and cut it into batches.
 
-Each rank reads every ``size``-th Parquet file of the dataset (files sorted by path) with pyarrow's datasets,
-so the ranks' shards are disjoint and of similar size; with fewer files than ranks each rank takes every
-``size``-th row instead. The shard is held in memory as one numpy array per column. Every epoch runs the same
+Each rank reads every ``size``-th non-empty Parquet file of the dataset (files sorted by path) with pyarrow's
+datasets, so the ranks' shards are disjoint and of similar size; with fewer such files than ranks each rank takes
+every ``size``-th row instead. The shard is held in memory as one numpy array per column. Every epoch runs the same
 number of steps on every rank (the driver computes it from the total row count), cycling through the shard, so
 that no rank waits in an allreduce for a rank that has run out of rows.
 """
@@ -72,7 +72,9 @@ def read_shard(store, path: str, rank: int, size: int, columns: Sequence[str],
     import pyarrow as pa
 
     dataset = store.get_parquet_dataset(path)
-    fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
+    # empty files (Spark may write some for empty partitions) would leave a rank with no rows
+    fragments = [fragment for fragment in sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
+                 if fragment.count_rows() > 0]
     if len(fragments) >= size:
         tables = [fragment.to_table(columns=list(columns)) for fragment in fragments[rank::size]]
         table = pa.concat_tables(tables) if tables else dataset.schema.empty_table().select(list(columns))
