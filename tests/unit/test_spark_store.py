@@ -127,6 +127,25 @@ def test_transformation_fn_without_pandas_says_what_to_install(memory_store, mon
         read_shard(memory_store, path, 0, 1, ["id"], transformation_fn=lambda frame: frame)
 
 
+def test_transformation_fn_gets_each_ranks_rows_as_a_pandas_frame(memory_store):
+    path = memory_store.get_train_data_path("t")
+    _write_parquet(memory_store, path, 2, rows_per_file=3)
+    seen = []
+
+    def transform(frame):
+        seen.append(type(frame).__name__)
+        frame = frame[frame["id"] % 2 == 0].copy()                  # drop rows, change a column
+        frame["features"] = frame["features"].apply(lambda v: [2.0 * x for x in v])
+        return frame
+
+    plain = read_shard(memory_store, path, 0, 1, ["id", "features"])
+    got = read_shard(memory_store, path, 0, 1, ["id", "features"], transformation_fn=transform)
+    assert seen == ["DataFrame"]
+    keep = plain["id"] % 2 == 0
+    np.testing.assert_array_equal(got["id"], plain["id"][keep])
+    np.testing.assert_allclose(got["features"], 2.0 * plain["features"][keep])   # back as a 2-D array
+
+
 def test_every_rank_runs_the_same_number_of_steps():
     assert steps_per_epoch(1000, 32, 2) == 15
     assert steps_per_epoch(10, 32, 4) == 1
