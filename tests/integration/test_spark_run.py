@@ -184,6 +184,47 @@ def test_use_mpi_is_refused_naming_the_alternative():
         horovod.spark.run(topology_and_allreduce, use_mpi=True)
 
 
+def waits_for_its_executor_to_die(pid_dir):
+    import faulthandler
+
+    import torch
+
+    import horovod.torch as hvd
+
+    faulthandler.register(signal.SIGUSR1)
+    hvd.init()
+    hvd.allreduce(torch.ones(1))
+    Path(pid_dir, f"rank{hvd.rank()}.{os.getpid()}.pid").write_text("")
+    while True:
+        hvd.allreduce(torch.ones(1))
+        time.sleep(0.01)
+
+
+def _kill_executor_of_rank_one(pid_dir: Path, killed: list) -> None:
+    deadline = time.monotonic() + 60
+    while not list(pid_dir.glob("rank1.*.pid")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rank1 = int(next(pid_dir.glob("rank1.*.pid")).name.split(".")[1])
+    killed.extend(p.pid for p in psutil.Process(rank1).parents() if p.name() == "java")
+    killed.append(rank1)
+    psutil.Process(killed[0]).kill()
+
+
+@pytest.mark.timeout(120)
+def test_executor_killed_mid_job_fails_the_job_naming_it(spark, tmp_path):
+    killed: list = []
+    killer = threading.Thread(target=_kill_executor_of_rank_one, args=(tmp_path, killed), daemon=True)
+    killer.start()
+    with watchdog(90), pytest.raises(HorovodSparkError) as info:
+        horovod.spark.run(waits_for_its_executor_to_die, args=(str(tmp_path),), num_proc=2, stdout=io.StringIO(),
+                          stderr=io.StringIO())
+    killer.join()
+    message = str(info.value)
+    assert "rank 1 on Spark executor " in message and "was lost with its Spark task" in message
+    assert "ExecutorLostFailure" in message
+    assert _wait_gone([int(p.name.split(".")[1]) for p in tmp_path.glob("rank*.pid")]) == []
+
+
 def elastic_training(pid_dir, total_steps):
     import faulthandler
 

@@ -18,6 +18,7 @@ from . import protocol
 log = logging.getLogger("horovod.spark")
 
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \((\S+) executor ([^)]+)\)")
+_BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 
 
 def spark_context():
@@ -126,13 +127,23 @@ class SparkJob:
         self.done.wait(wait)
 
     def error_summary(self) -> str:
-        """The first line of Spark's error (Py4J errors are long Java traces), with the failed task's executor."""
+        """The first line of Spark's error (Py4J errors are long Java traces), with the failed task's executor
+        and Spark's reason for a lost executor, where the error gives them."""
         text = spark_error_text(self.error)
+        lines = text.strip().splitlines()
+        summary = lines[0] if lines else repr(self.error)
         lost = _LOST_TASK.search(text)
-        first = text.strip().splitlines()[0] if text.strip() else repr(self.error)
         if lost:
-            return f"task {lost.group(1)} on Spark executor {lost.group(3)} (host {lost.group(2)}) failed: {first}"
-        return first
+            summary = f"task {lost.group(1)} on Spark executor {lost.group(3)} (host {lost.group(2)}) failed: {summary}"
+        reason = next((line.strip() for line in lines[1:] if "ExecutorLostFailure" in line), None)
+        return f"{summary} {reason}" if reason else summary
+
+
+def failed_partition(error: Optional[BaseException]) -> Optional[int]:
+    """The partition of the task that failed a Spark job, as Spark's error names it; None if it names none."""
+    text = spark_error_text(error)
+    match = _BARRIER_TASK.search(text) or _LOST_TASK.search(text)
+    return int(match.group(1)) if match else None
 
 
 def spark_error_text(error: Optional[BaseException]) -> str:

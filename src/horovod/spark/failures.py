@@ -45,18 +45,46 @@ def _result(store, rank: int) -> Optional[dict]:
     return run_func.decode(payload) if payload is not None else None
 
 
-def root_failure(store, what: str = "horovod.spark.run") -> Optional[HorovodSparkError]:
-    """The error for the job's root failure, or None when no rank failed."""
+def lost_ranks(store) -> Dict[int, protocol.TaskPlace]:
+    """The ranks whose task started but never recorded how the rank ended: lost with their task or executor."""
+    ended = store.items(protocol.EXIT_SCOPE)
+    lost = {}
+    for value in store.items(protocol.TASKS_SCOPE).values():
+        record = wire.unpack(value)
+        if "rank" in record and str(record["rank"]) not in ended:
+            lost[int(record["rank"])] = protocol.TaskPlace.from_record(record)
+    return lost
+
+
+def root_failure(store, what: str = "horovod.spark.run", spark_error: Optional[str] = None,
+                 spark_partition: Optional[int] = None) -> Optional[HorovodSparkError]:
+    """The error for the job's root failure, or None when no rank failed or was lost.
+
+    A rank that failed on its own (its function raised, or its process died) comes first, the earliest of them;
+    then a rank whose task vanished without a report (its executor died, or Spark killed it): the one in Spark's
+    failed task ``spark_partition`` if it is one of them, and ``spark_error`` (Spark's account) says what
+    happened; last, a rank that failed only because a peer was lost.
+    """
     failed = failed_ranks(store)
-    if not failed:
-        return None
     candidates: List[Tuple[bool, float, int, dict, Optional[dict]]] = []
     for rank, record in failed.items():
         result = _result(store, rank)
         candidates.append((_is_consequence(result), record["time"], rank, record, result))
-    _, _, rank, record, result = min(candidates, key=lambda c: c[:3])
-    place = protocol.TaskPlace.from_record(record)
-    message = _message(what, rank, place, record, result)
+    first = min(candidates, key=lambda c: c[:3]) if candidates else None
+    lost = lost_ranks(store) if first is None or first[0] else {}
+    if lost:
+        by_partition = [r for r, place in lost.items() if place.partition == spark_partition]
+        rank = by_partition[0] if by_partition else min(lost)
+        place, result = lost[rank], None
+        message = (f"{what}: rank {rank} on {place.describe()} was lost with its Spark task before it reported "
+                   "an end (its executor died, or Spark killed the task)"
+                   + (f". Spark reports: {spark_error}" if spark_error else "."))
+    elif first is not None:
+        _, _, rank, record, result = first
+        place = protocol.TaskPlace.from_record(record)
+        message = _message(what, rank, place, record, result)
+    else:
+        return None
     others = sorted(r for r in failed if r != rank)
     if others:
         message += f"\nRanks that failed after it: {', '.join(map(str, others))}. The job was stopped."

@@ -110,7 +110,10 @@ def _supervise(job: driver.SparkJob, store, num_proc: int, start_timeout: float)
                 f"within start_timeout={start_timeout:.0f}s. Please check that you have enough resources to run "
                 "all Horovod processes (one Spark task slot per rank, all at once), or raise start_timeout "
                 "(HOROVOD_SPARK_START_TIMEOUT).")
-    error = failures.root_failure(store)
+    if failures.lost_ranks(store):
+        job.done.wait(FAILURE_SETTLE_SECONDS)       # Spark's account of the lost task
+    spark_error = job.error_summary() if job.error is not None else None
+    error = failures.root_failure(store, spark_error=spark_error, spark_partition=driver.failed_partition(job.error))
     if error is not None:
         raise error
     if job.error is not None:
