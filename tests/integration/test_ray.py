@@ -195,6 +195,43 @@ def test_an_infeasible_request_fails_within_the_placement_group_timeout(ray_two_
         executor.shutdown()
 
 
+def _size_after_init():
+    import horovod.numpy as hvd
+
+    hvd.init()
+    return hvd.size()
+
+
+@pytest.mark.timeout(120)
+def test_workers_go_into_the_callers_placement_group(ray_two_nodes):
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=1)
+    def driver_in_group():
+        from ray.util.placement_group import get_current_placement_group
+
+        executor = RayExecutor(RayExecutor.create_settings(timeout_s=30, placement_group_timeout_s=5), num_workers=2)
+        executor.start()
+        try:
+            sizes = executor.run(_size_after_init)
+        finally:
+            executor.shutdown()
+        return get_current_placement_group().id.hex(), sizes
+
+    group = placement_group([{"CPU": 1}] * 3, strategy="PACK")
+    ray.get(group.ready(), timeout=30)
+    try:
+        # With 3 of the cluster's 4 CPUs in the group, a second group for the workers could never be placed: the
+        # run succeeds only because the workers are placed in the caller's group.
+        task = driver_in_group.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_capture_child_tasks=True)).remote()
+        group_id, sizes = call_with_deadline(ray_two_nodes, lambda: ray.get(task), 90, "the run inside the group")
+    finally:
+        remove_placement_group(group)
+    assert group_id == group.id.hex() and sizes == [2, 2]
+
+
 def _elastic_training(marker):
     """Commits every step; the worker that is rank 2 kills its own process once (``marker`` says it did). Trains
     until it has seen sizes 3, 2 and 3 again (the replacement joined) and at least 30 steps."""
