@@ -354,3 +354,12 @@ def test_run_elastic_checks_its_sizes():
         resolve_sizes(4, 2, None, 3, None, 8)
     with pytest.raises(ValueError, match=r"1 <= min_num_proc \(5\) <= num_proc \(4\)"):
         resolve_sizes(4, 5, None, None, None, 8)
+
+
+@pytest.mark.timeout(30)
+def test_executor_id_from_the_standalone_log_url_else_the_fallback():
+    from horovod.spark.protocol import executor_id
+
+    url = "http://10.0.0.5:8081/logPage/?appId=app-1&executorId=7&logType=stderr"
+    assert executor_id("x", {"SPARK_LOG_URL_STDERR": url}) == "7"
+    assert executor_id("at 10.0.0.5:4321", {}) == "at 10.0.0.5:4321"

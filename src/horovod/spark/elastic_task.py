@@ -9,6 +9,7 @@ commands, ``spark_elastic_cmd/<task>/<n>`` for n = 0, 1, ...: ``start`` a worker
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from typing import Callable, Dict, Iterable, Iterator, Mapping, Optional
@@ -75,7 +76,7 @@ def serve_workers(addr: str, port: int, secret: str, user_env: Dict[str, str], c
 
     ctx = TaskContext.get()
     key = f"{ctx.partitionId()}.{ctx.attemptNumber()}"
-    place = protocol.TaskPlace(socket.gethostname(), protocol.executor_id(), ctx.partitionId())
+    place = protocol.TaskPlace(socket.gethostname(), protocol.executor_id(f"pid{os.getppid()}"), ctx.partitionId())
     record = {**place.to_record(), "elastic_host": task_host(place)}
     client = KVStoreClient(addr, port, bytes.fromhex(secret), timeout=connect_timeout)
     commands = KVStoreClient(addr, port, bytes.fromhex(secret), timeout=connect_timeout)

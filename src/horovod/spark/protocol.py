@@ -51,11 +51,12 @@ class TaskPlace:
         return cls(str(record["host"]), str(record["executor"]), int(record["partition"]))
 
 
-def executor_id(env: Optional[dict] = None) -> str:
-    """This executor's id, read from the log URL Spark gives its Python workers; ``?`` where there is none."""
+def executor_id(fallback: str, env: Optional[dict] = None) -> str:
+    """This executor's id, read from the log URL a standalone cluster gives its Python workers, else ``fallback``
+    (something else that names the executor: its address, or the pid of the process that started this worker)."""
     env = os.environ if env is None else env
     match = _EXECUTOR_ID.search(env.get("SPARK_LOG_URL_STDERR", "") or env.get("SPARK_LOG_URL_STDOUT", ""))
-    return match.group(1) if match else "?"
+    return match.group(1) if match else fallback
 
 
 def exit_record(returncode: int, last_lines: list, place: TaskPlace, when: float) -> bytes:

@@ -38,9 +38,10 @@ def run_rank_task(addr: str, port: int, secret: str, job_env: Dict[str, str], us
 
     ctx = BarrierTaskContext.get()
     partition = ctx.partitionId()
-    hosts = [info.address.rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
+    addresses = [info.address for info in ctx.getTaskInfos()]
+    hosts = [address.rsplit(":", 1)[0] for address in addresses]
     slot = place_ranks(hosts)[partition]
-    place = protocol.TaskPlace(hosts[partition], protocol.executor_id(), partition)
+    place = protocol.TaskPlace(hosts[partition], protocol.executor_id(f"at {addresses[partition]}"), partition)
     client = KVStoreClient(addr, port, bytes.fromhex(secret), timeout=connect_timeout)
     try:
         if client.get(protocol.TASKS_SCOPE, str(partition)) is not None:
