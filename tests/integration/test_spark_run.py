@@ -93,7 +93,13 @@ def topology_and_allreduce(scale):
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
     print(f"hello from rank {hvd.rank()}", flush=True)
-    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), float(total[0]) * scale)
+    # The job secret reached the rank on its stdin: it is in the rank's environment now, but neither in the
+    # environment it was started with (what `ps e` and /proc/<pid>/environ show) nor on its command line.
+    started_with = Path("/proc/self/environ").read_bytes() + Path("/proc/self/cmdline").read_bytes()
+    secret = os.environ["_HOROVOD_SECRET_KEY"]
+    hidden = secret.encode() not in started_with and b"_HOROVOD_SECRET_KEY" not in started_with
+    return (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), float(total[0]) * scale,
+            os.environ.get("FROM_ENV_ARG"), hidden)
 
 
 @pytest.mark.timeout(120)
@@ -101,10 +107,11 @@ def topology_and_allreduce(scale):
 def test_run_returns_results_by_rank(spark, num_proc):
     out = io.StringIO()
     with watchdog(90):
-        results = horovod.spark.run(topology_and_allreduce, args=(2,), num_proc=num_proc, stdout=out)
+        results = horovod.spark.run(topology_and_allreduce, args=(2,), num_proc=num_proc, stdout=out,
+                                    env={"FROM_ENV_ARG": "yes"})
     expected_sum = 2.0 * num_proc * (num_proc + 1) / 2
     # All executors run on this machine, so every rank is a local peer of every other.
-    assert results == [(r, num_proc, r, num_proc, expected_sum) for r in range(num_proc)]
+    assert results == [(r, num_proc, r, num_proc, expected_sum, "yes", True) for r in range(num_proc)]
     for rank in range(num_proc):
         assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out.getvalue()
 
