@@ -131,8 +131,9 @@ _KNOBS = [
     Knob("HOROVOD_SHM_CHUNK_BYTES", int, 4 * 1024 * 1024,
          "Bytes per rank per pipeline step of the shared-memory data plane.", ours=True),
     Knob("HOROVOD_SHM_CROSS_MEMORY", parse_bool, True,
-         "Large broadcasts on one host copy once, straight between the ranks' buffers (process_vm_readv/"
-         "writev, used where the kernel allows it); 0 keeps them on the shared-memory slots.",
+         "Large broadcasts, and allgathers with a 4-32 MiB output, on one host copy once, straight between the "
+         "ranks' buffers (process_vm_readv/writev, used where the kernel allows it); 0 keeps them on the "
+         "shared-memory slots.",
          ours=True),
     Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
          "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
