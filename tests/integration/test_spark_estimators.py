@@ -11,12 +11,16 @@ test with the ranks' stacks in its output instead of running into the pytest tim
 from __future__ import annotations
 
 import importlib.util
+import io
 import sys
 from pathlib import Path
 
 import cloudpickle
+import lightning
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 from pyspark import cloudpickle as spark_cloudpickle
 from pyspark.ml import PipelineModel
 from pyspark.ml.linalg import Vectors
@@ -27,6 +31,8 @@ from horovod.spark.common.reader import read_shard
 from horovod.spark.common.store import Store
 from horovod.spark.keras import KerasEstimator, KerasModel
 from horovod.spark.keras.remote import model_from_bytes
+from horovod.spark.lightning import TorchEstimator as LightningEstimator
+from horovod.spark.lightning import TorchModel as LightningModel
 from horovod.spark.torch import TorchEstimator
 from tests.support.spark import spark_fixture
 
@@ -192,3 +198,118 @@ def test_vectors_arrays_and_a_validation_column_reach_the_ranks_intact(spark, tm
             np.testing.assert_array_equal(arr, [label, -label])
     val = read_shard(store, store.get_val_data_path("t"), 0, 1, ["label"])
     assert sorted(val["label"].tolist()) == list(range(0, 40, 4))
+
+
+class LitDigits(lightning.LightningModule):
+    """A user's LightningModule, unchanged: its own optimizer and scheduler (a dict), steps and logging."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def _loss_and_accuracy(self, batch):
+        output = self(batch["features"])
+        label = batch["label"].long()
+        return F.cross_entropy(output, label), (output.argmax(1) == label).float().mean()
+
+    def training_step(self, batch, batch_idx):
+        loss, accuracy = self._loss_and_accuracy(batch)
+        self.log("train_acc", accuracy, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss, accuracy = self._loss_and_accuracy(batch)
+        self.log("val_acc", accuracy)
+        return loss
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return {"optimizer": optimizer,
+                "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)}
+
+
+class SaveRankWeights(lightning.Callback):
+    """Each rank saves its weights at the end of training, to compare the ranks'."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        weights = torch.cat([p.detach().flatten() for p in pl_module.parameters()]).numpy()
+        np.save(f"{self.directory}/rank{trainer.global_rank}.npy", weights)
+
+
+@pytest.mark.timeout(180)
+def test_lightning_estimator_fits_predicts_and_round_trips(spark, tmp_path):
+    train, test = keras_example.digits_frames(spark, 0)
+    store = Store.create(str(tmp_path / "store"))
+    torch.manual_seed(0)
+    estimator = LightningEstimator(
+        backend=GuardedBackend(num_proc=2), store=store, model=LitDigits(), feature_cols=["features"],
+        label_cols=["label"], validation=0.1, batch_size=32, epochs=5, random_seed=0, verbose=0,
+        callbacks=[SaveRankWeights(str(tmp_path))])
+    model = estimator.fit(train)
+
+    history = model.getHistory()
+    assert [epoch["epoch"] for epoch in history] == list(range(5))
+    assert all({"loss", "train_acc"} <= set(epoch["train"]) and {"loss", "val_acc"} <= set(epoch["validation"])
+               for epoch in history), history
+    assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] / 2
+    ranks = [np.load(tmp_path / f"rank{rank}.npy") for rank in range(2)]
+    np.testing.assert_array_equal(ranks[0], ranks[1], err_msg="the ranks ended with different weights")
+    trained = torch.cat([p.detach().flatten() for p in model.getModel().parameters()]).numpy()
+    np.testing.assert_array_equal(trained, ranks[0])
+    checkpoint = torch.load(io.BytesIO(store.read(store.get_checkpoint_path(model.getRunId()))),
+                            weights_only=False)
+    assert checkpoint["epoch"] == 4 and checkpoint["optimizer_states"], "rank 0's Lightning checkpoint"
+
+    predictions = model.transform(test)
+    labels = np.array([row.label for row in predictions.select("label").collect()])
+    accuracy = float(np.mean(_scores(predictions).argmax(1) == labels))
+    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+    model.write().overwrite().save(str(tmp_path / "lightning_model"))
+    loaded = LightningModel.load(str(tmp_path / "lightning_model"))
+    assert loaded.getHistory() == history
+    np.testing.assert_allclose(_scores(loaded.transform(test)), _scores(predictions), rtol=1e-5, atol=1e-6)
+
+
+class NoOptimizers(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(64, 10)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch["features"]), batch["label"].long())
+
+
+class NoTrainingStep(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(64, 10)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.timeout(60)
+def test_lightning_module_without_its_training_hooks_fails_before_training(spark, tmp_path):
+    train, _ = keras_example.digits_frames(spark, 0)
+    store = Store.create(str(tmp_path / "store"))
+
+    def estimator(model):
+        return LightningEstimator(backend=NeverRunBackend(num_proc=2), store=store, model=model,
+                                  feature_cols=["features"], label_cols=["label"])
+
+    with pytest.raises(ValueError, match=r"NoOptimizers has no configure_optimizers: .* define "
+                                         r"configure_optimizers\(self\) returning its optimizer"):
+        estimator(NoOptimizers()).fit(train)
+    with pytest.raises(ValueError, match=r"NoTrainingStep has no training_step: .* define "
+                                         r"training_step\(self, batch, batch_idx\) returning the loss"):
+        estimator(NoTrainingStep()).fit(train)
+    with pytest.raises(ValueError, match=r"model must be a lightning.LightningModule .* for a plain "
+                                         r"torch.nn.Module use horovod.spark.torch.TorchEstimator"):
+        estimator(torch.nn.Linear(64, 10)).fit(train)
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").iterdir()), "nothing was written"

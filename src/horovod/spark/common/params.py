@@ -107,6 +107,9 @@ def defaults(specs: Sequence[ParamSpec]) -> Dict[str, Any]:
 class EstimatorParams(Params):
     """The params every Horovod estimator has (upstream's ``EstimatorParams``)."""
 
+    # False where the model defines its own loss (a LightningModule's training_step)
+    REQUIRES_LOSS = True
+
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(**defaults(ESTIMATOR_PARAMS))
@@ -120,7 +123,7 @@ class EstimatorParams(Params):
         if not self.getLabelCols():
             raise ValueError("the estimator has no label_cols: pass the DataFrame columns the model predicts")
         constructors = self.getOrDefault("loss_constructors") if self.hasParam("loss_constructors") else None
-        if self.getLoss() is None and not constructors:
+        if self.REQUIRES_LOSS and self.getLoss() is None and not constructors:
             raise ValueError("the estimator has no loss: pass loss=... (a loss function)")
         if self.getBatchSize() is None or self.getBatchSize() < 1:
             raise ValueError(f"batch_size must be a positive integer, not {self.getBatchSize()!r}")
