@@ -222,7 +222,7 @@ class LitDigits(lightning.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         loss, accuracy = self._loss_and_accuracy(batch)
-        self.log("val_acc", accuracy)
+        self.log("val_acc", accuracy, sync_dist=True)  # averaged over the ranks by HorovodStrategy.reduce
         return loss
 
     def configure_optimizers(self):
@@ -255,8 +255,8 @@ def test_lightning_estimator_fits_predicts_and_round_trips(spark, tmp_path):
 
     history = model.getHistory()
     assert [epoch["epoch"] for epoch in history] == list(range(5))
-    assert all({"loss", "train_acc"} <= set(epoch["train"]) and {"loss", "val_acc"} <= set(epoch["validation"])
-               for epoch in history), history
+    assert all({"loss", "train_acc"} <= set(epoch["train"])
+               and {"loss", "val_acc"} <= set(epoch["validation"]) for epoch in history), history
     assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] / 2
     ranks = [np.load(tmp_path / f"rank{rank}.npy") for rank in range(2)]
     np.testing.assert_array_equal(ranks[0], ranks[1], err_msg="the ranks ended with different weights")
@@ -264,7 +264,9 @@ def test_lightning_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     np.testing.assert_array_equal(trained, ranks[0])
     checkpoint = torch.load(io.BytesIO(store.read(store.get_checkpoint_path(model.getRunId()))),
                             weights_only=False)
-    assert checkpoint["epoch"] == 4 and checkpoint["optimizer_states"], "rank 0's Lightning checkpoint"
+    assert checkpoint["epoch"] == 4, "rank 0's Lightning checkpoint after the last epoch"
+    assert checkpoint["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.05), \
+        "the module's StepLR stepped the (Horovod-wrapped) optimizer"
 
     predictions = model.transform(test)
     labels = np.array([row.label for row in predictions.select("label").collect()])

@@ -63,14 +63,16 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
                  gradient_compression=None, feature_cols=None, continuous_cols=None, categorical_cols=None,
                  input_shapes=None, validation=None, label_cols=None, callbacks=None, batch_size=None,
                  val_batch_size=None, epochs=None, verbose=1, random_seed=None, shuffle_buffer_size=None,
-                 partitions_per_process=None, run_id=None, train_minibatch_fn=None, train_steps_per_epoch=None,
-                 validation_steps_per_epoch=None, transformation_fn=None, transformation_edit_fields=None,
-                 transformation_removed_fields=None, train_reader_num_workers=None, trainer_reader_pool_type=None,
-                 val_reader_num_workers=None, reader_pool_type=None, label_shapes=None, inmemory_cache_all=False,
-                 num_gpus=None, logger=None, log_every_n_steps=50, data_module=None, loader_num_epochs=None,
+                 partitions_per_process=None, run_id=None, train_minibatch_fn=None,
+                 train_steps_per_epoch=None, validation_steps_per_epoch=None, transformation_fn=None,
+                 transformation_edit_fields=None, transformation_removed_fields=None,
+                 train_reader_num_workers=None, trainer_reader_pool_type=None, val_reader_num_workers=None,
+                 reader_pool_type=None, label_shapes=None, inmemory_cache_all=False, num_gpus=None,
+                 logger=None, log_every_n_steps=50, data_module=None, loader_num_epochs=None,
                  terminate_on_nan=False, profiler=None, debug_data_loader=False,
                  train_async_data_loader_queue_size=None, val_async_data_loader_queue_size=None, use_gpu=True,
-                 mp_start_method=None, trainer_args=None, shuffle=None, backward_passes_per_step=None) -> None:
+                 mp_start_method=None, trainer_args=None, shuffle=None,
+                 backward_passes_per_step=None) -> None:
         super().__init__()
         self._setDefault(**defaults(LIGHTNING_ESTIMATOR_PARAMS))
         kwargs = dict(self._input_kwargs)
@@ -85,8 +87,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         super()._check_params(metadata)
         check_lightning_module(self.getModel())
         if self.getDataModule() is not None:
-            raise ValueError("data_module is not supported: the estimator feeds the module batches read from the "
-                             "store's Parquet files (dicts of tensors by column); drop data_module")
+            raise ValueError("data_module is not supported: the estimator feeds the module batches read from "
+                             "the store's Parquet files (dicts of tensors by column); drop data_module")
         shapes = self.getInputShapes()
         if shapes is not None and len(shapes) != len(self.getFeatureCols()):
             raise ValueError(f"input_shapes has {len(shapes)} shape(s) but feature_cols names "
@@ -94,9 +96,10 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
 
     def _train_spec(self, job: TrainingJob) -> LightningTrainSpec:
         return LightningTrainSpec(
-            model=self.getModel(), feature_cols=list(self.getFeatureCols()), label_cols=list(self.getLabelCols()),
-            sample_weight_col=self.getSampleWeightCol(), input_shapes=self.getInputShapes(),
-            label_shapes=self.getLabelShapes(), store=job.store, run_id=job.run_id, dataset_idx=job.dataset.idx,
+            model=self.getModel(), feature_cols=list(self.getFeatureCols()),
+            label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
+            input_shapes=self.getInputShapes(), label_shapes=self.getLabelShapes(), store=job.store,
+            run_id=job.run_id, dataset_idx=job.dataset.idx,
             train_rows=job.dataset.train_rows, val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
             val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
             train_steps_per_epoch=self.getTrainStepsPerEpoch(),
@@ -120,14 +123,15 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
 def check_lightning_module(model: Any) -> None:
     """Raise ValueError unless ``model`` is a LightningModule that defines what training needs."""
     pl = lightning_package(model)
-    needs = {"training_step": "training_step(self, batch, batch_idx) returning the loss (a batch is a dict of "
-                              "tensors by column name, e.g. batch['features'], batch['label'])",
+    needs = {"training_step": "training_step(self, batch, batch_idx) returning the loss (a batch is a dict "
+                              "of tensors by column name, e.g. batch['features'], batch['label'])",
              "configure_optimizers": "configure_optimizers(self) returning its optimizer(s), e.g. "
                                      "torch.optim.SGD(self.parameters(), lr=0.1)"}
     for name, how in needs.items():
         if getattr(type(model), name, None) is getattr(pl.LightningModule, name):
-            raise ValueError(f"the LightningModule {type(model).__name__} has no {name}: the estimator trains "
-                             f"with the module's own training_step and configure_optimizers; define {how}")
+            raise ValueError(f"the LightningModule {type(model).__name__} has no {name}: the estimator "
+                             "trains with the module's own training_step and configure_optimizers; "
+                             f"define {how}")
 
 
 class TorchModel(_TorchModel):

@@ -5,10 +5,10 @@ Each rank reads its shard of the Parquet data (as the torch estimator does) and 
 ``Trainer`` on it with ``HorovodStrategy`` (``strategy.py``), so the module's own ``configure_optimizers``,
 ``training_step``, ``validation_step``, hooks and ``self.log`` work unchanged. A batch is a dict of tensors by
 column name (``batch["features"]``, ``batch["label"]``), as upstream's; features are float32, reshaped by
-``input_shapes`` when given. Every rank runs the same number of steps per epoch. ``StoreCheckpoint`` records the
-history (each epoch's mean training and validation loss and the values the module logged, averaged over the
-ranks) and has rank 0 write Lightning's checkpoint to the store after every epoch. Rank 0 returns the history
-and the trained weights.
+``input_shapes`` when given. Every rank runs the same number of steps per epoch. ``StoreCheckpoint`` records
+the history (each epoch's mean training and validation loss and the values the module logged, averaged over
+the ranks) and has rank 0 write Lightning's checkpoint to the store after every epoch. Rank 0 returns the
+history and the trained weights.
 """
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def lightning_package(module: Any) -> ModuleType:
             continue
         if isinstance(module, package.LightningModule):
             return package
-    raise ValueError(f"model must be a lightning.LightningModule (or pytorch_lightning.LightningModule), not "
-                     f"{type(module).__name__}; for a plain torch.nn.Module use horovod.spark.torch.TorchEstimator")
+    raise ValueError("model must be a lightning.LightningModule (or pytorch_lightning.LightningModule), not "
+                     f"{type(module).__name__}; for a plain torch.nn.Module use "
+                     "horovod.spark.torch.TorchEstimator")
 
 
 def split_metrics(metrics: Dict[str, float]) -> Dict[str, Dict[str, float]]:
@@ -128,7 +129,8 @@ def _batch_tensors(spec: LightningTrainSpec, batch: Dict[str, np.ndarray]) -> Di
             tensor = torch.from_numpy(np.ascontiguousarray(batch[col])).float()
             out[col] = tensor.reshape(list(shapes[i])) if shapes else tensor
     if spec.sample_weight_col:
-        out[spec.sample_weight_col] = torch.from_numpy(np.ascontiguousarray(batch[spec.sample_weight_col])).float()
+        weights = np.ascontiguousarray(batch[spec.sample_weight_col])
+        out[spec.sample_weight_col] = torch.from_numpy(weights).float()
     return out
 
 
@@ -136,8 +138,8 @@ def _store_checkpoint_class(pl: ModuleType, spec: LightningTrainSpec, hvd: Any) 
     class StoreCheckpoint(pl.callbacks.Checkpoint):
         """Records the history; rank 0 writes Lightning's checkpoint to the store after every epoch.
 
-        A ``Checkpoint`` so that Lightning calls its ``on_train_epoch_end`` after the module's own (whose logged
-        values it then sees), as it does for ModelCheckpoint."""
+        A ``Checkpoint`` so that Lightning calls its ``on_train_epoch_end`` after the module's own (whose
+        logged values it then sees), as it does for ModelCheckpoint."""
 
         def __init__(self) -> None:
             self.history: List[dict] = []
@@ -160,7 +162,8 @@ def _store_checkpoint_class(pl: ModuleType, spec: LightningTrainSpec, hvd: Any) 
                 self._losses[split].append(loss)
 
         def on_train_epoch_end(self, trainer, pl_module) -> None:
-            local = {"losses": {split: float(np.mean(values)) for split, values in self._losses.items() if values},
+            local = {"losses": {split: float(np.mean(values))
+                                for split, values in self._losses.items() if values},
                      "logged": {name: float(value) for name, value in trainer.callback_metrics.items()
                                 if getattr(value, "numel", lambda: 1)() == 1}}
             per_rank = hvd.allgather_object(local, name=f"lightning.metrics.{len(self.history)}")
@@ -192,7 +195,8 @@ def _write_checkpoint(spec: LightningTrainSpec, checkpoint: dict) -> None:
     spec.store.write(path, buffer.getvalue())
 
 
-def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks: list, root: str, steps: tuple):
+def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks: list, root: str,
+             steps: tuple) -> Any:
     train_steps, val_steps = steps
     args = dict(max_epochs=spec.epochs, accelerator="cpu", devices=1, strategy=strategy, callbacks=callbacks,
                 logger=spec.logger if spec.logger is not None else False, default_root_dir=root,
@@ -206,7 +210,8 @@ def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks:
 
 
 def train(spec: LightningTrainSpec) -> Optional[dict]:
-    """Train on this rank with a Lightning Trainer; rank 0 returns ``{"history": [...], "state_dict": ...}``."""
+    """Train on this rank with a Lightning Trainer; rank 0 returns ``{"history": [...], "state_dict":
+    ...}``."""
     import torch
 
     import horovod.torch as hvd

@@ -31,7 +31,8 @@ def _named_parameters(module: Any, optimizer: Any) -> list:
 
 
 def strategy_class(pl: ModuleType) -> type:
-    """``HorovodStrategy`` for the Lightning package ``pl`` (``lightning.pytorch`` or ``pytorch_lightning``)."""
+    """``HorovodStrategy`` for the Lightning package ``pl`` (``lightning.pytorch`` or
+    ``pytorch_lightning``)."""
     if pl.__name__ not in _CLASSES:
         _CLASSES[pl.__name__] = _build(pl)
     return _CLASSES[pl.__name__]
@@ -81,7 +82,8 @@ def _build(pl: ModuleType) -> type:
 
         def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
             inner = getattr(optimizer, "optimizer", optimizer)  # Lightning passes its LightningOptimizer
-            context = inner.skip_synchronize() if hasattr(inner, "skip_synchronize") else contextlib.nullcontext()
+            context = (inner.skip_synchronize() if hasattr(inner, "skip_synchronize")
+                       else contextlib.nullcontext())
             with context:
                 return super().optimizer_step(optimizer, closure, model, **kwargs)
 
