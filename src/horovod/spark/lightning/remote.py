@@ -26,6 +26,10 @@ from horovod.spark.common.reader import batches, read_shard, steps_per_epoch
 from horovod.spark.lightning.strategy import strategy_class
 
 log = logging.getLogger(__name__)
+# Lightning's warnings that do not apply here: the loaders give in-memory batches in this process, and
+# lightning 2.6 uses a torch pytree name that torch 2.13 deprecates
+_EXPECTED_WARNINGS = (".*does not have many workers.*", ".*`IterableDataset` has `__len__` defined.*",
+                      ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
 
 
 @dataclass
@@ -195,14 +199,13 @@ def _write_checkpoint(spec: LightningTrainSpec, checkpoint: dict) -> None:
     spec.store.write(path, buffer.getvalue())
 
 
-def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks: list, root: str,
-             steps: tuple) -> Any:
-    train_steps, val_steps = steps
+def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks: list, root: str) -> Any:
+    """Every rank's Trainer: the loaders give each epoch's steps; Lightning's own checkpointing is the
+    store's."""
     args = dict(max_epochs=spec.epochs, accelerator="cpu", devices=1, strategy=strategy, callbacks=callbacks,
                 logger=spec.logger if spec.logger is not None else False, default_root_dir=root,
                 enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                log_every_n_steps=spec.log_every_n_steps, limit_train_batches=train_steps,
-                limit_val_batches=val_steps, profiler=spec.profiler, use_distributed_sampler=False)
+                log_every_n_steps=spec.log_every_n_steps, profiler=spec.profiler, use_distributed_sampler=False)
     if spec.terminate_on_nan:
         args["detect_anomaly"] = True
     args.update(spec.trainer_args or {})
@@ -220,6 +223,8 @@ def train(spec: LightningTrainSpec) -> Optional[dict]:
     rank, size = hvd.rank(), hvd.size()
     pl = lightning_package(spec.model)
     pl.utilities.rank_zero.rank_zero_only.rank = rank  # Lightning's rank-zero-only messages: rank 0's only
+    if not spec.verbose:
+        logging.getLogger(pl.__name__).setLevel(logging.WARNING)  # no "GPU available: ..." and tips
     if spec.random_seed is not None:
         torch.manual_seed(spec.random_seed)
     rng = np.random.default_rng(None if spec.random_seed is None else spec.random_seed + rank)
@@ -238,8 +243,9 @@ def train(spec: LightningTrainSpec) -> Optional[dict]:
     strategy = strategy_class(pl)(compression=spec.compression,
                                   backward_passes_per_step=spec.backward_passes_per_step)
     with tempfile.TemporaryDirectory(prefix="hvd-lightning-") as root, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        trainer = _trainer(pl, spec, strategy, [*spec.callbacks, history], root, (train_steps, val_steps))
+        for message in _EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        trainer = _trainer(pl, spec, strategy, [*spec.callbacks, history], root)
         trainer.fit(spec.model, train_dataloaders=train_loader,
                     **({"val_dataloaders": val_loader} if val_loader is not None else {}))
     if rank != 0:

@@ -17,6 +17,7 @@ so, as upstream's Horovod strategy did, the gradients are synchronized after eac
 from __future__ import annotations
 
 import contextlib
+import functools
 from types import ModuleType
 from typing import Any, Dict
 
@@ -28,6 +29,20 @@ def _named_parameters(module: Any, optimizer: Any) -> list:
     allreduces by them)."""
     owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
     return [(name, p) for name, p in module.named_parameters() if id(p) in owned]
+
+
+def _track_step(optimizer: Any) -> None:
+    """Mark ``optimizer.step`` as torch's LR schedulers mark their optimizer's, so that a scheduler moved onto
+    the Horovod-wrapped optimizer knows its steps (and warns of nothing)."""
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def tracked(*args: Any, **kwargs: Any) -> Any:
+        optimizer._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True
+    optimizer.step = tracked
 
 
 def strategy_class(pl: ModuleType) -> type:
@@ -73,6 +88,8 @@ def _build(pl: ModuleType) -> type:
                 for config in self.lr_scheduler_configs:
                     if getattr(config.scheduler, "optimizer", None) is optimizer:
                         config.scheduler.optimizer = distributed
+                        if not hasattr(distributed.step, "_wrapped_by_lr_sched"):
+                            _track_step(distributed)
                 wrapped.append(distributed)
             self.optimizers = wrapped
 
