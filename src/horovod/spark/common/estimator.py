@@ -81,6 +81,22 @@ class HorovodEstimator(Estimator, EstimatorParams):
     def _fit_on_prepared_data(self, job: TrainingJob) -> Model:
         raise NotImplementedError()
 
+    def _data_spec_kwargs(self, job: TrainingJob) -> Dict[str, Any]:
+        """The fields every framework's training spec shares: the columns, the prepared data, the epochs and
+        batches, and the training params every estimator has."""
+        return dict(
+            feature_cols=list(self.getFeatureCols()), label_cols=list(self.getLabelCols()),
+            sample_weight_col=self.getSampleWeightCol(), label_shapes=self.getLabelShapes(), store=job.store,
+            run_id=job.run_id, dataset_idx=job.dataset.idx, train_rows=job.dataset.train_rows,
+            val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
+            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
+            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=self.getShuffle(),
+            random_seed=self.getRandomSeed(), compression=self.getGradientCompression(),
+            backward_passes_per_step=self.getBackwardPassesPerStep() or 1,
+            transformation_fn=self.getTransformationFn(), callbacks=list(self.getCallbacks() or []),
+            verbose=self.getVerbose())
+
 
 class HorovodModel(Model, ModelParams):
     """Base of TorchModel and KerasModel: ``transform`` adds the prediction columns."""

@@ -9,7 +9,7 @@ that no rank waits in an allreduce for a rank that has run out of rows.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Iterator, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -86,6 +86,19 @@ def read_shard(store, path: str, rank: int, size: int, columns: Sequence[str],
             raise RuntimeError(TRANSFORMATION_NEEDS_PANDAS)
         return pandas_to_arrays(transformation_fn(table.to_pandas()), columns)
     return {col: column_to_numpy(table.column(col)) for col in columns}
+
+
+def read_splits(spec: Any, rank: int, size: int) -> Tuple[Arrays, Optional[Arrays], int, int]:
+    """This rank's training shard, its validation shard (None without validation rows) and the steps per epoch
+    of each, for a training spec with the estimators' data fields (``Estimator._data_spec_kwargs``)."""
+    cols = list(dict.fromkeys([*spec.feature_cols, *spec.label_cols,
+                               *([spec.sample_weight_col] if spec.sample_weight_col else [])]))
+    store, idx = spec.store, spec.dataset_idx
+    train = read_shard(store, store.get_train_data_path(idx), rank, size, cols, spec.transformation_fn)
+    val = (read_shard(store, store.get_val_data_path(idx), rank, size, cols, spec.transformation_fn)
+           if spec.val_rows else None)
+    return (train, val, steps_per_epoch(spec.train_rows, spec.batch_size, size, spec.train_steps_per_epoch),
+            steps_per_epoch(spec.val_rows, spec.val_batch_size, size, spec.validation_steps_per_epoch))
 
 
 def steps_per_epoch(rows: int, batch_size: int, size: int, given: Optional[int] = None) -> int:

@@ -25,6 +25,7 @@ from horovod.spark.common.params import _declare, defaults
 from horovod.spark.common.serialization import HorovodParamsReadable, HorovodParamsWritable
 from horovod.spark.lightning.remote import LightningTrainSpec, lightning_package, train
 from horovod.spark.torch.estimator import TorchModel as _TorchModel
+from horovod.spark.torch.estimator import check_input_shapes
 
 LIGHTNING_ESTIMATOR_PARAMS = [
     ("input_shapes", None, "the shape of each feature column's batches, batch dimension (-1) first", None),
@@ -89,27 +90,14 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         if self.getDataModule() is not None:
             raise ValueError("data_module is not supported: the estimator feeds the module batches read from "
                              "the store's Parquet files (dicts of tensors by column); drop data_module")
-        shapes = self.getInputShapes()
-        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
-            raise ValueError(f"input_shapes has {len(shapes)} shape(s) but feature_cols names "
-                             f"{len(self.getFeatureCols())} column(s): give one shape per feature column")
+        check_input_shapes(self.getInputShapes(), self.getFeatureCols())
 
     def _train_spec(self, job: TrainingJob) -> LightningTrainSpec:
         return LightningTrainSpec(
-            model=self.getModel(), feature_cols=list(self.getFeatureCols()),
-            label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
-            input_shapes=self.getInputShapes(), label_shapes=self.getLabelShapes(), store=job.store,
-            run_id=job.run_id, dataset_idx=job.dataset.idx,
-            train_rows=job.dataset.train_rows, val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=self.getShuffle(),
-            random_seed=self.getRandomSeed(), compression=self.getGradientCompression(),
-            backward_passes_per_step=self.getBackwardPassesPerStep() or 1,
-            transformation_fn=self.getTransformationFn(), callbacks=list(self.getCallbacks() or []),
-            logger=self.getLogger(), log_every_n_steps=self.getLogEveryNSteps(), profiler=self.getProfiler(),
+            model=self.getModel(), input_shapes=self.getInputShapes(), logger=self.getLogger(),
+            log_every_n_steps=self.getLogEveryNSteps(), profiler=self.getProfiler(),
             terminate_on_nan=bool(self.getTerminateOnNan()), trainer_args=dict(self.getTrainerArgs() or {}),
-            verbose=self.getVerbose())
+            **self._data_spec_kwargs(job))
 
     def _fit_on_prepared_data(self, job: TrainingJob) -> TorchModel:
         result = job.backend.run(train, args=(self._train_spec(job),))[0]

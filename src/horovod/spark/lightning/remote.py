@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.spark.common.reader import batches, read_shard, steps_per_epoch
+from horovod.spark.common.reader import batches, read_splits
+from horovod.spark.common.spec import TrainingSpec
 from horovod.spark.lightning.strategy import strategy_class
 
 log = logging.getLogger(__name__)
@@ -32,38 +33,17 @@ _EXPECTED_WARNINGS = (".*does not have many workers.*", ".*`IterableDataset` has
                       ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
 
 
-@dataclass
-class LightningTrainSpec:
+@dataclass(kw_only=True)
+class LightningTrainSpec(TrainingSpec):
     """What the ranks need to train: shipped to them (cloudpickled) by the backend."""
 
     model: Any
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
     input_shapes: Optional[List[Sequence[int]]]
-    label_shapes: Optional[List[Sequence[int]]]
-    store: Any
-    run_id: str
-    dataset_idx: str
-    train_rows: int
-    val_rows: int
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: Optional[int]
-    validation_steps_per_epoch: Optional[int]
-    shuffle: bool
-    random_seed: Optional[int]
-    compression: Any
-    backward_passes_per_step: int
-    transformation_fn: Any
-    callbacks: List[Any] = field(default_factory=list)
     logger: Any = None
     log_every_n_steps: int = 50
     profiler: Any = None
     terminate_on_nan: bool = False
     trainer_args: Dict[str, Any] = field(default_factory=dict)
-    verbose: int = 1
 
 
 def lightning_package(module: Any) -> ModuleType:
@@ -205,7 +185,8 @@ def _trainer(pl: ModuleType, spec: LightningTrainSpec, strategy: Any, callbacks:
     args = dict(max_epochs=spec.epochs, accelerator="cpu", devices=1, strategy=strategy, callbacks=callbacks,
                 logger=spec.logger if spec.logger is not None else False, default_root_dir=root,
                 enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                log_every_n_steps=spec.log_every_n_steps, profiler=spec.profiler, use_distributed_sampler=False)
+                log_every_n_steps=spec.log_every_n_steps, profiler=spec.profiler,
+                use_distributed_sampler=False)
     if spec.terminate_on_nan:
         args["detect_anomaly"] = True
     args.update(spec.trainer_args or {})
@@ -228,14 +209,7 @@ def train(spec: LightningTrainSpec) -> Optional[dict]:
     if spec.random_seed is not None:
         torch.manual_seed(spec.random_seed)
     rng = np.random.default_rng(None if spec.random_seed is None else spec.random_seed + rank)
-    cols = list(dict.fromkeys([*spec.feature_cols, *spec.label_cols,
-                               *([spec.sample_weight_col] if spec.sample_weight_col else [])]))
-    store, idx = spec.store, spec.dataset_idx
-    train_arrays = read_shard(store, store.get_train_data_path(idx), rank, size, cols, spec.transformation_fn)
-    val_arrays = (read_shard(store, store.get_val_data_path(idx), rank, size, cols, spec.transformation_fn)
-                  if spec.val_rows else None)
-    train_steps = steps_per_epoch(spec.train_rows, spec.batch_size, size, spec.train_steps_per_epoch)
-    val_steps = steps_per_epoch(spec.val_rows, spec.val_batch_size, size, spec.validation_steps_per_epoch)
+    train_arrays, val_arrays, train_steps, val_steps = read_splits(spec, rank, size)
     train_loader = _shard_dataset(spec, train_arrays, spec.batch_size, train_steps, spec.shuffle, rng)
     val_loader = (_shard_dataset(spec, val_arrays, spec.val_batch_size, val_steps, False, rng)
                   if val_arrays is not None else None)

@@ -41,6 +41,13 @@ TORCH_MODEL_PARAMS = [
 ]
 
 
+def check_input_shapes(shapes: Any, feature_cols: List[str]) -> None:
+    """Raise ValueError unless ``input_shapes`` (when given) has one shape per feature column."""
+    if shapes is not None and len(shapes) != len(feature_cols):
+        raise ValueError(f"input_shapes has {len(shapes)} shape(s) but feature_cols names "
+                         f"{len(feature_cols)} column(s): give one shape per feature column")
+
+
 class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReadable):
     """Spark ML Estimator that trains a ``torch.nn.Module`` data-parallel with Horovod; ``fit`` ->
     TorchModel."""
@@ -79,10 +86,7 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         if not isinstance(self.getOptimizer(), torch.optim.Optimizer):
             raise ValueError("optimizer must be a torch.optim.Optimizer built on the model's parameters, "
                              "e.g. torch.optim.SGD(model.parameters(), lr=0.1)")
-        shapes = self.getInputShapes()
-        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
-            raise ValueError(f"input_shapes has {len(shapes)} shape(s) but feature_cols names "
-                             f"{len(self.getFeatureCols())} column(s): give one shape per feature column")
+        check_input_shapes(self.getInputShapes(), self.getFeatureCols())
 
     def _train_spec(self, job: TrainingJob) -> TorchTrainSpec:
         loss = self.getLoss()
@@ -92,19 +96,9 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         return TorchTrainSpec(
             model=self.getModel(), optimizer_cls=type(optimizer), optimizer_state=optimizer.state_dict(),
             losses=list(loss) if isinstance(loss, (list, tuple)) else [loss],
-            loss_weights=self.getLossWeights(),
-            metrics=list(self.getMetrics() or []), feature_cols=list(self.getFeatureCols()),
-            label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
-            input_shapes=self.getInputShapes(), label_shapes=self.getLabelShapes(), store=job.store,
-            run_id=job.run_id, dataset_idx=job.dataset.idx, train_rows=job.dataset.train_rows,
-            val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=self.getShuffle(),
-            random_seed=self.getRandomSeed(), compression=self.getGradientCompression(),
-            backward_passes_per_step=self.getBackwardPassesPerStep() or 1,
-            transformation_fn=self.getTransformationFn(), train_minibatch_fn=self.getTrainMinibatchFn(),
-            callbacks=list(self.getCallbacks() or []), verbose=self.getVerbose())
+            loss_weights=self.getLossWeights(), metrics=list(self.getMetrics() or []),
+            input_shapes=self.getInputShapes(), train_minibatch_fn=self.getTrainMinibatchFn(),
+            **self._data_spec_kwargs(job))
 
     def _fit_on_prepared_data(self, job: TrainingJob) -> TorchModel:
         results = job.backend.run(train, args=(self._train_spec(job),))

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import io
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.spark.common.reader import batches, read_shard, steps_per_epoch
+from horovod.spark.common.reader import batches, read_splits
+from horovod.spark.common.spec import TrainingSpec
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class TorchTrainSpec:
+@dataclass(kw_only=True)
+class TorchTrainSpec(TrainingSpec):
     """What the ranks need to train: shipped to them (cloudpickled) by the backend."""
 
     model: Any
@@ -29,29 +30,8 @@ class TorchTrainSpec:
     losses: List[Callable]
     loss_weights: Optional[List[float]]
     metrics: List[Callable]
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
     input_shapes: Optional[List[Sequence[int]]]
-    label_shapes: Optional[List[Sequence[int]]]
-    store: Any
-    run_id: str
-    dataset_idx: str
-    train_rows: int
-    val_rows: int
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: Optional[int]
-    validation_steps_per_epoch: Optional[int]
-    shuffle: bool
-    random_seed: Optional[int]
-    compression: Any
-    backward_passes_per_step: int
-    transformation_fn: Optional[Callable]
     train_minibatch_fn: Optional[Callable]
-    callbacks: List[Any] = field(default_factory=list)
-    verbose: int = 1
 
 
 def _tensors(batch: Dict[str, np.ndarray], cols: Sequence[str],
@@ -179,14 +159,7 @@ def train(spec: TorchTrainSpec) -> Optional[dict]:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=spec.compression or hvd.Compression.none,
                                          backward_passes_per_step=spec.backward_passes_per_step)
-    cols = list(dict.fromkeys([*spec.feature_cols, *spec.label_cols,
-                               *([spec.sample_weight_col] if spec.sample_weight_col else [])]))
-    store, idx = spec.store, spec.dataset_idx
-    train_arrays = read_shard(store, store.get_train_data_path(idx), rank, size, cols, spec.transformation_fn)
-    val_arrays = (read_shard(store, store.get_val_data_path(idx), rank, size, cols, spec.transformation_fn)
-                  if spec.val_rows else None)
-    train_steps = steps_per_epoch(spec.train_rows, spec.batch_size, size, spec.train_steps_per_epoch)
-    val_steps = steps_per_epoch(spec.val_rows, spec.val_batch_size, size, spec.validation_steps_per_epoch)
+    train_arrays, val_arrays, train_steps, val_steps = read_splits(spec, rank, size)
     history: List[dict] = []
     _callbacks(spec, "on_train_begin")
     for epoch in range(spec.epochs):
