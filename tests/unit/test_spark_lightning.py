@@ -79,3 +79,58 @@ def test_distributed_optimizer_names_only_the_optimizers_parameters():
     module = Complete()
     names = [name for name, _ in _named_parameters(module, module.configure_optimizers())]
     assert names == ["net.weight", "net.bias"]
+
+
+@pytest.fixture
+def hvd(monkeypatch):
+    """horovod.torch at one rank in this process, shut down afterwards, the 'horovod' logger restored."""
+    import logging
+
+    import horovod.torch as hvd
+
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    logger = logging.getLogger("horovod")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    hvd.init()
+    yield hvd
+    hvd.shutdown()
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
+class Scheduled(Complete):
+    def validation_step(self, batch, batch_idx):
+        self.log("val_seen", 1.0, sync_dist=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_runs_on_the_horovod_strategy(hvd):
+    from horovod.spark.lightning.strategy import strategy_class
+
+    strategy = strategy_class(lightning.pytorch)()
+    batches = [{"x": torch.randn(4, 4)} for _ in range(3)]
+    trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=1, strategy=strategy, logger=False,
+                                enable_progress_bar=False, enable_model_summary=False,
+                                enable_checkpointing=False, num_sanity_val_steps=0)
+    module = Scheduled()
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None),
+                val_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+
+    optimizer = trainer.optimizers[0]
+    assert hasattr(optimizer, "synchronize") and isinstance(optimizer, torch.optim.SGD), \
+        "the module's optimizer wrapped in hvd.DistributedOptimizer"
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.optimizer is optimizer and optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+    assert float(trainer.callback_metrics["val_seen"]) == 1.0
+    assert (trainer.global_rank, trainer.world_size, trainer.is_global_zero) == (0, 1, True)
+    assert float(strategy.reduce(torch.tensor(3.0), reduce_op="sum")) == 3.0
+    assert float(strategy.reduce(torch.tensor(2), reduce_op="mean")) == 2.0
+    assert strategy.all_gather(torch.tensor([1.0, 2.0])).shape == (1, 2)
+    assert strategy.broadcast({"a": 1}) == {"a": 1}
+    assert strategy.reduce_boolean_decision(True) and not strategy.reduce_boolean_decision(False, all=False)
