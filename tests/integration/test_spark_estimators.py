@@ -277,6 +277,12 @@ def test_lightning_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     assert loaded.getHistory() == history
     np.testing.assert_allclose(_scores(loaded.transform(test)), _scores(predictions), rtol=1e-5, atol=1e-6)
 
+    estimator.write().overwrite().save(str(tmp_path / "estimator"))
+    reloaded = LightningEstimator.load(str(tmp_path / "estimator"))
+    assert (reloaded.getEpochs(), reloaded.getFeatureCols(), reloaded.getLogEveryNSteps()) == (
+        5, ["features"], 50)
+    assert type(reloaded.getModel()).__name__ == "LitDigits"
+
 
 class NoOptimizers(lightning.LightningModule):
     def __init__(self) -> None:
