@@ -93,18 +93,7 @@ class KerasEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
         return KerasTrainSpec(
             model_bytes=model_to_bytes(self.getModel()), optimizer=_optimizer_config(self.getOptimizer()),
             loss=self.getLoss(), loss_weights=self.getLossWeights(), metrics=list(self.getMetrics() or []),
-            custom_objects=dict(self.getCustomObjects() or {}), feature_cols=list(self.getFeatureCols()),
-            label_cols=list(self.getLabelCols()), sample_weight_col=self.getSampleWeightCol(),
-            label_shapes=self.getLabelShapes(), store=job.store, run_id=job.run_id,
-            dataset_idx=job.dataset.idx,
-            train_rows=job.dataset.train_rows, val_rows=job.dataset.val_rows, batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(), epochs=self.getEpochs(),
-            train_steps_per_epoch=self.getTrainStepsPerEpoch(),
-            validation_steps_per_epoch=self.getValidationStepsPerEpoch(), shuffle=self.getShuffle(),
-            random_seed=self.getRandomSeed(), compression=self.getGradientCompression(),
-            backward_passes_per_step=self.getBackwardPassesPerStep() or 1,
-            transformation_fn=self.getTransformationFn(), callbacks=list(self.getCallbacks() or []),
-            verbose=self.getVerbose())
+            custom_objects=dict(self.getCustomObjects() or {}), **self._data_spec_kwargs(job))
 
     def _fit_on_prepared_data(self, job: TrainingJob) -> KerasModel:
         import keras

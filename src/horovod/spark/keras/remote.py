@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from horovod.spark.common.reader import read_shard, steps_per_epoch
+from horovod.spark.common.spec import TrainingSpec
 
 MODEL_FILE = "model.keras"
 
@@ -40,8 +41,8 @@ def model_from_bytes(data: bytes, custom_objects: Optional[Dict[str, Any]] = Non
         return keras.saving.load_model(path, custom_objects=custom_objects, compile=False)
 
 
-@dataclass
-class KerasTrainSpec:
+@dataclass(kw_only=True)
+class KerasTrainSpec(TrainingSpec):
     """What the ranks need to train: shipped to them (cloudpickled) by the backend."""
 
     model_bytes: bytes
@@ -50,27 +51,6 @@ class KerasTrainSpec:
     loss_weights: Any
     metrics: List[Any]
     custom_objects: Dict[str, Any]
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
-    label_shapes: Optional[List[Any]]
-    store: Any
-    run_id: str
-    dataset_idx: str
-    train_rows: int
-    val_rows: int
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: Optional[int]
-    validation_steps_per_epoch: Optional[int]
-    shuffle: bool
-    random_seed: Optional[int]
-    compression: Any
-    backward_passes_per_step: int
-    transformation_fn: Any
-    callbacks: List[Any] = field(default_factory=list)
-    verbose: int = 1
 
 
 def _model_inputs(model: Any, arrays: Dict[str, np.ndarray], cols: List[str]) -> Any:
