@@ -104,6 +104,14 @@ def defaults(specs: Sequence[ParamSpec]) -> Dict[str, Any]:
     return {name: (list(default) if isinstance(default, list) else default) for name, default, _, _ in specs}
 
 
+def init_params(stage: Params, specs: Sequence[ParamSpec], ignored: Sequence[str] = ()) -> None:
+    """Give a ``@keyword_only`` constructor's stage the defaults of ``specs`` and the keyword arguments it was
+    called with, but those that are None or ``ignored``."""
+    stage._setDefault(**defaults(specs))
+    stage._set(**{name: value for name, value in stage._input_kwargs.items()
+                  if value is not None and name not in ignored})
+
+
 class EstimatorParams(Params):
     """The params every Horovod estimator has (upstream's ``EstimatorParams``)."""
 

@@ -19,7 +19,7 @@ import numpy as np
 from pyspark import keyword_only
 
 from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingJob
-from horovod.spark.common.params import _declare, defaults
+from horovod.spark.common.params import _declare, init_params
 from horovod.spark.common.serialization import Codecs, HorovodParamsReadable, HorovodParamsWritable
 from horovod.spark.keras.remote import KerasTrainSpec, model_from_bytes, model_to_bytes, train
 
@@ -69,8 +69,7 @@ class KerasEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
                  mp_start_method=None, backward_passes_per_step=1, shuffle=None,
                  compress_sparse_cols=None) -> None:
         super().__init__()
-        self._setDefault(**defaults(KERAS_ESTIMATOR_PARAMS))
-        self._set(**{name: value for name, value in self._input_kwargs.items() if value is not None})
+        init_params(self, KERAS_ESTIMATOR_PARAMS)
 
     def setParams(self, **kwargs: Any) -> KerasEstimator:
         """Set several params at once (upstream's ``setParams``)."""
@@ -114,8 +113,7 @@ class KerasModel(HorovodModel, HorovodParamsWritable, HorovodParamsReadable):
     def __init__(self, history=None, model=None, feature_columns=None, label_columns=None,
                  custom_objects=None, run_id=None, _metadata=None, _floatx=None, output_cols=None) -> None:
         super().__init__()
-        self._setDefault(**defaults(KERAS_MODEL_PARAMS))
-        self._set(**{name: value for name, value in self._input_kwargs.items() if value is not None})
+        init_params(self, KERAS_MODEL_PARAMS)
 
     def setParams(self, **kwargs: Any) -> KerasModel:
         return self._set(**kwargs)

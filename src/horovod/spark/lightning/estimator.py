@@ -21,7 +21,7 @@ from typing import Any
 from pyspark import keyword_only
 
 from horovod.spark.common.estimator import HorovodEstimator, TrainingJob
-from horovod.spark.common.params import _declare, defaults
+from horovod.spark.common.params import _declare, init_params
 from horovod.spark.common.serialization import HorovodParamsReadable, HorovodParamsWritable
 from horovod.spark.lightning.remote import LightningTrainSpec, lightning_package, train
 from horovod.spark.torch.estimator import TorchModel as _TorchModel
@@ -75,10 +75,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
                  mp_start_method=None, trainer_args=None, shuffle=None,
                  backward_passes_per_step=None) -> None:
         super().__init__()
-        self._setDefault(**defaults(LIGHTNING_ESTIMATOR_PARAMS))
-        kwargs = dict(self._input_kwargs)
-        kwargs.pop("trainer_reader_pool_type", None)  # upstream's misspelt twin of reader_pool_type
-        self._set(**{name: value for name, value in kwargs.items() if value is not None})
+        # trainer_reader_pool_type: upstream's misspelt twin of reader_pool_type, accepted and ignored
+        init_params(self, LIGHTNING_ESTIMATOR_PARAMS, ignored=("trainer_reader_pool_type",))
 
     def setParams(self, **kwargs: Any) -> TorchEstimator:
         """Set several params at once (upstream's ``setParams``)."""

@@ -22,7 +22,7 @@ import numpy as np
 from pyspark import keyword_only
 
 from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingJob
-from horovod.spark.common.params import _declare, defaults
+from horovod.spark.common.params import _declare, init_params
 from horovod.spark.common.serialization import HorovodParamsReadable, HorovodParamsWritable
 from horovod.spark.torch.remote import TorchTrainSpec, train
 
@@ -68,10 +68,8 @@ class TorchEstimator(HorovodEstimator, HorovodParamsWritable, HorovodParamsReada
                  mp_start_method=None, backward_passes_per_step=1, shuffle=None, compress_sparse_cols=None,
                  continuous_cols=None, categorical_cols=None) -> None:
         super().__init__()
-        self._setDefault(**defaults(TORCH_ESTIMATOR_PARAMS))
-        kwargs = dict(self._input_kwargs)
-        kwargs.pop("trainer_reader_pool_type", None)  # upstream's misspelt twin of reader_pool_type
-        self._set(**{name: value for name, value in kwargs.items() if value is not None})
+        # trainer_reader_pool_type: upstream's misspelt twin of reader_pool_type, accepted and ignored
+        init_params(self, TORCH_ESTIMATOR_PARAMS, ignored=("trainer_reader_pool_type",))
 
     def setParams(self, **kwargs: Any) -> TorchEstimator:
         """Set several params at once (upstream's ``setParams``)."""
@@ -122,9 +120,7 @@ class TorchModel(HorovodModel, HorovodParamsWritable, HorovodParamsReadable):
                  optimizer=None, run_id=None, _metadata=None, loss=None, loss_constructors=None,
                  output_cols=None) -> None:
         super().__init__()
-        self._setDefault(**defaults(TORCH_MODEL_PARAMS))
-        kwargs = {k: v for k, v in self._input_kwargs.items() if k not in ("loss", "loss_constructors")}
-        self._set(**{name: value for name, value in kwargs.items() if value is not None})
+        init_params(self, TORCH_MODEL_PARAMS, ignored=("loss", "loss_constructors"))
 
     def setParams(self, **kwargs: Any) -> TorchModel:
         return self._set(**kwargs)
