@@ -1,0 +1,1 @@
+"""``horovod.jax``: Horovod for JAX (issue 17; being built)."""
