@@ -81,10 +81,10 @@ def test_core_files_under_mpirun_at_one_rank():
                        pytest_args=PER_TEST_TIMEOUT, launcher="mpirun")
 
 
-@pytest.mark.parametrize("test_file", MAIN)
 @pytest.mark.parametrize("np_", [2, 3])
-def test_main_files_under_horovodrun_mpi(np_, test_file):
-    result = run_parallel_tests(np_, test_file, env=FORCE_MPI, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,
+def test_main_files_under_horovodrun_mpi(np_):
+    # One job per rank count runs every main file, as for mpirun above.
+    result = run_parallel_tests(np_, MAIN, env=FORCE_MPI, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,
                                 launcher="horovodrun-mpi")
     assert f"[1,{np_ - 1}]<stdout>" in result.stdout, result.stdout[-3000:]     # mpirun's tags: it ran on MPI
 
