@@ -66,12 +66,14 @@ def _run_job(args: Sequence[str], env: Dict[str, str], timeout: float, what: str
 
 
 def horovodrun(np: int, command: Sequence[str], hosts: Optional[str] = None, extra_args: Sequence[str] = (),
-               env: Optional[Dict[str, str]] = None, timeout: float = 120.0) -> subprocess.CompletedProcess:
+               env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
+               python: Optional[str] = None) -> subprocess.CompletedProcess:
     """Launch ``command`` on ``np`` ranks with ``python -m horovod.runner`` and return its completed process.
 
+    ``python``: the interpreter that runs the launcher (default: this one; the MXNet suite uses its own venv's).
     On timeout, dumps the stacks of all ranks (SIGUSR1 -> faulthandler), kills the job and raises RanksHung.
     """
-    args = [sys.executable, "-m", "horovod.runner", "-np", str(np)]
+    args = [python or sys.executable, "-m", "horovod.runner", "-np", str(np)]
     if hosts:
         args += ["-H", hosts]
     args += list(extra_args) + list(command)
@@ -151,9 +153,11 @@ def _dump_and_kill(proc: subprocess.Popen) -> str:
 
 def run_parallel_tests(np: int, test_file, hosts: Optional[str] = None, env: Optional[Dict[str, str]] = None,
                        timeout: float = 180.0, pytest_args: Sequence[str] = (),
-                       launcher: str = "horovodrun") -> subprocess.CompletedProcess:
+                       launcher: str = "horovodrun", python: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run ``tests/parallel/<test_file>`` (or a list of such files) inside every rank of an ``np``-rank job;
     assert every rank passed.
+
+    ``python``: the interpreter that runs the launcher and the ranks' pytest (default: this one).
 
     ``launcher``: "horovodrun" (``python -m horovod.runner``, the default), "mpirun" (Open MPI's, see
     :func:`mpirun`) or "horovodrun-mpi" (``python -m horovod.runner --mpi``). The MPI ones skip the calling test
@@ -162,7 +166,7 @@ def run_parallel_tests(np: int, test_file, hosts: Optional[str] = None, env: Opt
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {LAUNCHERS}, not {launcher!r}")
     files = [test_file] if isinstance(test_file, str) else list(test_file)
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--color=no",
+    command = [python or sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--color=no",
                *[str(PARALLEL / f) for f in files], *pytest_args]
     for attempt in range(2):
         if launcher == "mpirun":
@@ -175,7 +179,7 @@ def run_parallel_tests(np: int, test_file, hosts: Optional[str] = None, env: Opt
             result = horovodrun(np, command, hosts=hosts, extra_args=["--mpi"], env={"PATH": path, **(env or {})},
                                 timeout=timeout)
         else:
-            result = horovodrun(np, command, hosts=hosts, env=env, timeout=timeout)
+            result = horovodrun(np, command, hosts=hosts, env=env, timeout=timeout, python=python)
         # Open MPI's runtime occasionally fails to start its PMIx server on a loaded machine, before any rank
         # runs (seen once in CI); that is not the code under test, so the launch is tried once more.
         if attempt == 0 and launcher != "horovodrun" and PMIX_START_FAILURE in result.stdout:
