@@ -696,8 +696,9 @@ def test_missing_mpirun_cli_exit(tmp_path, monkeypatch, caplog):
     assert "pip install horovod[mpi]" in caplog.text
 
 
-def test_jsrun_is_still_rejected(caplog):
-    with pytest.raises(NotImplementedError, match="jsrun mode .* not available yet.*--mpi"):
+def test_jsrun_outside_lsf_is_rejected(monkeypatch):
+    monkeypatch.delenv("LSB_JOBID", raising=False)
+    with pytest.raises(ValueError, match="did not detect an LSF job.*--mpi"):
         run_cli("--jsrun", "-np", 1, "x")
 
 

@@ -202,8 +202,9 @@ def test_invalid_values_are_usage_errors(argv, capsys):
     assert "horovodrun: error:" in capsys.readouterr().err
 
 
-def test_jsrun_is_rejected_with_explanation():
-    with pytest.raises(NotImplementedError, match="jsrun mode .* not available yet.*--mpi"):
+def test_jsrun_outside_lsf_is_rejected_with_explanation(monkeypatch):
+    monkeypatch.delenv("LSB_JOBID", raising=False)
+    with pytest.raises(ValueError, match="did not detect an LSF job.*--mpi"):
         launch._run(parse("-np", "1", "--jsrun", "cmd"))
 
 
@@ -236,11 +237,12 @@ def test_missing_command_is_an_error():
         launch._run(parse("-np", "1"))
 
 
-def test_cli_exit_code_for_rejected_modes(caplog):
+def test_cli_exit_code_for_rejected_modes(caplog, monkeypatch):
+    monkeypatch.delenv("LSB_JOBID", raising=False)
     with pytest.raises(SystemExit) as exc:
         launch.run_commandline(["-np", "1", "--jsrun", "cmd"])
     assert exc.value.code == 1
-    assert "not available yet" in caplog.text
+    assert "did not detect an LSF job" in caplog.text
 
 
 def test_every_option_of_the_table_is_a_flag():

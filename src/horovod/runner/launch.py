@@ -3,8 +3,10 @@
 ``parse_args`` accepts every upstream flag with the same names, destinations, defaults and mutually exclusive
 groups. ``_run`` launches the job with the built-in controller (upstream's Gloo mode, the default) or, with
 ``--mpi``, through ``mpirun`` (:mod:`horovod.runner.mpi_run`). With ``--min-np`` or ``--host-discovery-script``
-it runs an elastic job (:func:`_run_elastic`, :mod:`horovod.runner.elastic.driver`). jsrun is parsed but rejected
-with an explanation until it is available.
+it runs an elastic job (:func:`_run_elastic`, :mod:`horovod.runner.elastic.driver`). Inside an LSF job the hosts,
+slots and ``-np`` default to LSF's allocation (:mod:`horovod.runner.util.lsf`), and ``--jsrun`` (or, without a
+controller flag, an LSF job where ``jsrun`` and MPI are installed) starts the ranks with ``jsrun``
+(:mod:`horovod.runner.js_run`).
 """
 from __future__ import annotations
 
@@ -15,13 +17,18 @@ import sys
 from typing import Any, List, Optional, Sequence, Set
 
 from .common.util import arguments, config_parser, hosts
+from .util import lsf
 
 log = logging.getLogger("horovod.runner")
 
-JSRUN_NOT_AVAILABLE = (
-    "jsrun mode (--jsrun, or 'controller: jsrun' in --config-file) is not available yet in this release of "
-    "horovod. Use --mpi to launch through mpirun, or no controller flag for the default built-in controller "
-    "(it takes the role of Gloo: shared memory inside a host, TCP across hosts)."
+JSRUN_OUTSIDE_LSF = (
+    "Horovod did not detect an LSF job (LSB_JOBID is not set). The jsrun launcher (--jsrun, or 'controller: "
+    "jsrun' in --config-file) can only be used inside one: submit the job with bsub, or pick another launcher "
+    "(--mpi, or no controller flag for the built-in one)."
+)
+JSRUN_NEEDS_MPI = (
+    "jsrun starts the ranks as MPI processes, and they run Horovod's MPI controller, which needs mpi4py: "
+    "`pip install horovod[mpi]` (or mpi4py built against the cluster's Spectrum MPI)."
 )
 
 
@@ -37,8 +44,16 @@ def _version() -> str:
 
 
 def make_parser(override_args: Set[str], explicit: Set[str]) -> argparse.ArgumentParser:
-    """The ``horovodrun`` argument parser (upstream's flags, groups and defaults), from the option table."""
-    return arguments.make_parser(override_args, explicit, _version())
+    """The ``horovodrun`` argument parser (upstream's flags, groups and defaults), from the option table.
+
+    Inside an LSF job ``-np`` is optional (upstream): it defaults to the allocation's slots.
+    """
+    parser = arguments.make_parser(override_args, explicit, _version())
+    if lsf.using_lsf():
+        for action in parser._actions:
+            if action.dest == "np":
+                action.required = False
+    return parser
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -102,12 +117,12 @@ def _normalize_nics(nics: Any) -> Optional[List[str]]:
 def _run(args: Any) -> Optional[List[Any]]:
     """Run the job described by ``args`` (from parse_args or horovod.run).
 
-    Returns the per-rank results for ``horovod.run`` (``args.run_func`` set), else None. Raises
-    NotImplementedError for jsrun, ValueError for bad hosts or counts, and
-    :class:`horovod.runner.process.JobFailedError` when a rank fails.
+    Returns the per-rank results for ``horovod.run`` (``args.run_func`` set), else None. Raises ValueError for
+    bad hosts or counts (or ``--jsrun`` outside LSF), and :class:`horovod.runner.process.JobFailedError` when a
+    rank fails.
     """
-    if getattr(args, "use_jsrun", None):
-        raise NotImplementedError(JSRUN_NOT_AVAILABLE)
+    if lsf.using_lsf():
+        _apply_lsf_defaults(args)
 
     if not getattr(args, "hosts", None) and not getattr(args, "host_discovery_script", None):
         if getattr(args, "hostfile", None):
@@ -123,6 +138,33 @@ def _run(args: Any) -> Optional[List[Any]]:
         log.warning("--max-np only applies to elastic mode (with --min-np or --host-discovery-script); "
                     "ignoring it")
     return _run_static(args)
+
+
+def _apply_lsf_defaults(args: Any) -> None:
+    """Inside LSF, ``-np`` and the hosts default to the job's allocation (upstream's ``_run``)."""
+    if not getattr(args, "np", None):
+        args.np = lsf.LSFUtils.get_num_processes()
+    if not any(getattr(args, name, None) for name in ("hosts", "hostfile", "host_discovery_script")):
+        args.hosts = lsf.LSFUtils.get_hosts_string()
+        log.info("LSF job %s: hosts %s", os.environ.get("LSB_JOBID"), args.hosts)
+
+
+def _use_jsrun(args: Any) -> bool:
+    """Whether a static job starts its ranks with jsrun, by upstream's rules: ``--jsrun`` (inside LSF only,
+    with MPI), or no controller flag inside an LSF job where jsrun and MPI are installed."""
+    from horovod.common import build
+
+    from . import js_run
+
+    if getattr(args, "use_jsrun", None):
+        if not lsf.using_lsf():
+            raise ValueError(JSRUN_OUTSIDE_LSF)
+        if not build.mpi_built():
+            raise ValueError(JSRUN_NEEDS_MPI)
+        return True
+    if getattr(args, "use_gloo", None) or getattr(args, "use_mpi", None):
+        return False
+    return lsf.using_lsf() and js_run.is_jsrun_installed() and build.mpi_built()
 
 
 def _run_elastic(args: Any) -> Optional[List[Any]]:
@@ -164,8 +206,9 @@ def _elastic_settings(args: Any):
     from .elastic import discovery
     from .elastic.settings import ElasticSettings
 
-    if getattr(args, "use_mpi", None):
-        raise ValueError("Elastic mode runs on horovodrun's own controller, not under mpirun: drop --mpi.")
+    if getattr(args, "use_mpi", None) or getattr(args, "use_jsrun", None):
+        raise ValueError("Elastic mode runs on horovodrun's own controller, not under mpirun or jsrun: drop "
+                         "--mpi / --jsrun.")
     if args.host_discovery_script:
         host_discovery: discovery.HostDiscovery = discovery.HostDiscoveryScript(args.host_discovery_script,
                                                                                 args.slots)
@@ -267,7 +310,10 @@ def _run_static(args: Any) -> Optional[List[Any]]:
     plan = gloo_run.host_alloc_plan(settings)  # validates hosts and slots before anything starts
     host_names = list(dict.fromkeys(slot.hostname for slot in plan))
     remote_hosts = network.filter_local_addresses(host_names)
-    if remote_hosts:
+    use_jsrun = _use_jsrun(args)
+    if use_jsrun:    # jsrun reaches the hosts through LSF: no ssh
+        rendezvous_addr = network.get_driver_ip(settings.nics, remote_hosts) if remote_hosts else "127.0.0.1"
+    elif remote_hosts:
         from . import ssh
 
         log.info("Checking ssh on all remote hosts: %s", ", ".join(remote_hosts))
@@ -279,6 +325,8 @@ def _run_static(args: Any) -> Optional[List[Any]]:
 
     env = _worker_base_env(args)
     use_mpi = bool(getattr(args, "use_mpi", None))
+    if use_jsrun:
+        return _launch_jsrun(args, settings, env, command, rendezvous_addr)
     if use_mpi and args.run_func is None:
         from . import mpi_run
 
@@ -301,6 +349,46 @@ def _run_static(args: Any) -> Optional[List[Any]]:
         rendezvous.stop()
 
 
+def _launch_jsrun(args: Any, settings: Any, env: dict, command: List[str],
+                  rendezvous_addr: str) -> Optional[List[Any]]:
+    """Run the job with jsrun; for ``horovod.run`` the ranks report their results to a store of the launcher,
+    whose secret jsrun passes on in its environment."""
+    from horovod.common.wire import SECRET_ENV
+
+    from . import js_run
+    from .rendezvous import RendezvousServer
+
+    if args.run_func is None:
+        js_run.js_run(settings, settings.nics, env, command)
+        return None
+    rendezvous = RendezvousServer(settings.verbose)
+    rendezvous.start()
+    try:
+        command = _publish_function(args, env, rendezvous) + [rendezvous_addr, str(rendezvous.port)]
+        env[SECRET_ENV] = rendezvous.secret
+
+        def launch() -> None:
+            try:
+                js_run.js_run(settings, settings.nics, env, command, export_secret=True)
+            except js_run.JsrunError:
+                _raise_stored_failure(rendezvous, settings.num_proc)
+                raise
+
+        return _run_function(launch, rendezvous, settings.num_proc)
+    finally:
+        rendezvous.stop()
+
+
+def _raise_stored_failure(rendezvous: Any, num_proc: int) -> None:
+    """The launcher named no rank: raise the exception of the first rank that stored one, if any did."""
+    from . import run_func
+
+    for rank in range(num_proc):
+        error = run_func.failure_for_rank(rendezvous.store, rank, None)
+        if error is not None:
+            raise error from error.__cause__
+
+
 def _launch_run_func_mpi(settings: Any, env: dict, command: List[str], rendezvous: Any) -> None:
     """``horovod.run(..., use_mpi=True)``: the ranks run ``run_task`` under mpirun and report to the store.
 
@@ -311,17 +399,13 @@ def _launch_run_func_mpi(settings: Any, env: dict, command: List[str], rendezvou
 
     from horovod.common.wire import SECRET_ENV
 
-    from . import mpi_run, run_func
+    from . import mpi_run
 
     env[SECRET_ENV] = rendezvous.secret
     try:
         mpi_run.mpi_run(settings, settings.nics, env, command, export_secret=True, stdin=subprocess.DEVNULL)
     except mpi_run.MpirunError:
-        # mpirun named no rank: report the first rank that stored an exception, if any did.
-        for rank in range(settings.num_proc):
-            error = run_func.failure_for_rank(rendezvous.store, rank, None)
-            if error is not None:
-                raise error from error.__cause__
+        _raise_stored_failure(rendezvous, settings.num_proc)
         raise
 
 
@@ -345,7 +429,7 @@ def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
     _configure_logging(bool(args.verbose))
     try:
         _run(args)
-    except (JobFailedError, JobInterruptedError, MpirunError) as exc:
+    except (JobFailedError, JobInterruptedError, MpirunError) as exc:   # JsrunError is an MpirunError
         log.error("%s", exc)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
