@@ -19,14 +19,14 @@ def broadcast_parameters(params, root_rank: int = 0, prefix: Optional[str] = Non
     parameter whose initialisation is still deferred (its shape is known only at the first forward pass) is
     broadcast right after it is initialised, as upstream does: every rank must then run that first forward pass.
     """
-    if size() == 1:
-        return
     if prefix is not None and not isinstance(prefix, str):
         raise ValueError(f"prefix must be a str or None, got {type(prefix).__name__}")
     prefix = prefix or ""
     if not isinstance(params, (dict, mx.gluon.ParameterDict)):
         raise ValueError(f"invalid params of type: {type(params).__name__}; pass net.collect_params() or a dict "
                          "of NDArrays")
+    if size() == 1:
+        return
     pending = []
     for name, p in sorted(params.items()):
         if isinstance(p, mx.gluon.Parameter):

@@ -33,7 +33,9 @@ class GradientReducer:
         self.groups = check_groups(None, num_groups)
         self.op = Sum if op == Average else op
         self.prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
-        self.rescale = gradient_predivide_factor / self.size if op == Average else 1.0
+        # One rank reduces nothing (as upstream), so no predivide was applied either: upstream's rescale by
+        # predivide / size would scale the gradients by the factor there.
+        self.rescale = gradient_predivide_factor / self.size if op == Average and self.size > 1 else 1.0
 
     def _grouped(self, tensors: List[mx.nd.NDArray], name: str) -> List[mx.nd.NDArray]:
         return grouped_allreduce_(tensors, name=name, op=self.op, prescale_factor=self.prescale,
