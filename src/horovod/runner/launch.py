@@ -311,8 +311,9 @@ def _run_static(args: Any) -> Optional[List[Any]]:
     host_names = list(dict.fromkeys(slot.hostname for slot in plan))
     remote_hosts = network.filter_local_addresses(host_names)
     use_jsrun = _use_jsrun(args)
-    if use_jsrun:    # jsrun reaches the hosts through LSF: no ssh
-        rendezvous_addr = network.get_driver_ip(settings.nics, remote_hosts) if remote_hosts else "127.0.0.1"
+    if use_jsrun:    # jsrun reaches the hosts through LSF, no ssh; the address is for horovod.run's results
+        rendezvous_addr = ("127.0.0.1" if not remote_hosts or args.run_func is None
+                           else network.get_driver_ip(settings.nics, remote_hosts))
     elif remote_hosts:
         from . import ssh
 
