@@ -1,0 +1,34 @@
+"""Run every horovod.jax body in tests/parallel (test_jax_*.py) at 1, 2, 3 and 4 ranks through the launcher, and
+the digits example on 2 ranks (>= 95% test accuracy, reported by rank 0 only).
+
+One job per rank count runs every file (JAX's import and jit compilations are most of a small job's time). Each
+job has a hard timeout that dumps every rank's stacks; each test inside a rank has its own pytest-timeout.
+"""
+import sys
+
+import pytest
+
+from tests.support.examples import assert_digits_report
+from tests.support.launch import PARALLEL, horovodrun, run_parallel_tests
+
+pytestmark = pytest.mark.timeout(660)
+
+FILES = sorted(p.name for p in PARALLEL.glob("test_jax_*.py"))
+JOB_TIMEOUT = 600
+PER_TEST_TIMEOUT = ["--timeout=60"]
+EXPECTED = {"test_jax_ops.py", "test_jax_grads.py", "test_jax_optimizer.py", "test_jax_errors.py"}
+
+
+def test_every_jax_file_is_listed():
+    assert EXPECTED <= set(FILES), FILES
+
+
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_jax_parallel(np_):
+    run_parallel_tests(np_, FILES, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
+
+
+def test_jax_digits_trains_on_two_ranks():
+    result = horovodrun(2, [sys.executable, "examples/jax/jax_digits.py", "--epochs", "12"], timeout=240)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert_digits_report(result.stdout, ranks=2)
