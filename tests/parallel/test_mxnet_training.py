@@ -145,3 +145,30 @@ def test_broadcast_parameters_of_plain_dicts():
     net = make_net("bpdict", seed=30 + rank)
     hvd.broadcast_parameters(dict(net.collect_params().items()), root_rank=0)
     assert_everyone_has_roots([p.data() for _, p in sorted(net.collect_params().items())], 0)
+
+
+def module_fit(x, y, optimizer, epochs=3):
+    """Upstream's mxnet_mnist.py shape: a symbolic Module fitted without a kvstore, from rank 0's parameters."""
+    data = mx.sym.var("data")
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=16, name="fc1"), act_type="tanh")
+    out = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2"), name="softmax")
+    batches = mx.io.NDArrayIter(x, y, batch_size=x.shape[0])
+    module = mx.mod.Module(out, context=mx.cpu())
+    module.bind(data_shapes=batches.provide_data, label_shapes=batches.provide_label)
+    mx.random.seed(3 + hvd.rank())
+    module.init_params(mx.init.Xavier())
+    arg_params, aux_params = module.get_params()
+    hvd.broadcast_parameters(arg_params, root_rank=0)
+    module.set_params(arg_params, aux_params)
+    module.fit(batches, num_epoch=epochs, kvstore=None, optimizer=optimizer)
+    return [v.asnumpy() for _, v in sorted(module.get_params()[0].items())]
+
+
+def test_distributed_optimizer_in_a_module_matches_single_process_training():
+    size, rank = hvd.size(), hvd.rank()
+    x, y = (a.asnumpy() for a in global_batch(size))
+    want = module_fit(x, y, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / (size * BATCH)))
+    rows = slice(rank * BATCH, (rank + 1) * BATCH)
+    opt = hvd.DistributedOptimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0 / BATCH))
+    got = module_fit(x[rows], y[rows], opt)
+    assert_same_params(got, want, 1e-5)
