@@ -16,7 +16,7 @@ MXNET_PYTHON = ROOT / ".venv-mxnet" / "bin" / "python"
 MAKE_VENV = ('python3 -m venv .venv-mxnet && .venv-mxnet/bin/pip install -q -c constraints.txt -e ".[test-mxnet]"'
              " (in the repository root; the README's test command does it)")
 FILES = sorted(p.name for p in PARALLEL.glob("test_mxnet_*.py"))
-EXPECTED = {"test_mxnet_ops.py", "test_mxnet_errors.py", "test_mxnet_training.py"}
+EXPECTED = {"test_mxnet_ops.py", "test_mxnet_errors.py", "test_mxnet_training.py", "test_mxnet_process_sets.py"}
 JOB_TIMEOUT = 240
 PER_TEST_TIMEOUT = ["--timeout=60", "-W", "ignore::DeprecationWarning"]
 # One engine thread per rank and no OpenMP pool: up to 4 ranks share 2 cores.

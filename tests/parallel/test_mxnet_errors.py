@@ -3,6 +3,8 @@ tensor; local misuse raises at the call. Every error is an ``mxnet.base.MXNetErr
 engine operator) and also what the other bindings raise (HorovodInternalError / ValueError). After every test a
 normal allreduce still works.
 """
+import pickle
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -87,6 +89,8 @@ def test_unsupported_dtypes(dtype):
         with pytest.raises(MXNetError, match=f"Tensor type {dtype} is not supported") as info:
             call()
         assert isinstance(info.value, ValueError)
+    again = pickle.loads(pickle.dumps(info.value))          # e.g. sent to a driver: the original class comes back
+    assert type(again) is ValueError and str(again) == str(info.value)
 
 
 def test_other_local_misuse():

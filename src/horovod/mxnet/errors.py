@@ -24,7 +24,9 @@ def as_mxnet_error(error: Exception) -> Exception:
     cls = type(error)
     combined = _combined.get(cls)
     if combined is None:
-        combined = _combined[cls] = type(cls.__name__, (cls, MXNetError), {"__module__": cls.__module__})
+        # Pickled (to another process), it becomes the original class again: the combined one has no import path.
+        combined = _combined[cls] = type(cls.__name__, (cls, MXNetError), {
+            "__module__": cls.__module__, "__reduce__": lambda self, cls=cls: (cls, self.args)})
     try:
         converted = combined(*error.args)
     except TypeError:           # an exception whose __init__ takes other arguments: keep it as it is
