@@ -88,10 +88,6 @@ def jax_step(apply: Callable, params, x, y, lr: float, opts: argparse.Namespace)
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    if opts.num_processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{opts.port}", num_processes=opts.num_processes,
-                                   process_id=opts.process_id)
     mesh = Mesh(np.array(jax.devices()), ("d",))
     optimizer = optax.sgd(lr * opts.num_processes, momentum=0.9)
 
@@ -118,8 +114,17 @@ def jax_step(apply: Callable, params, x, y, lr: float, opts: argparse.Namespace)
             "JAX multi-process (jax.distributed, Gloo CPU collectives, shard_map + pmean)")
 
 
+def start_jax_distributed(opts: argparse.Namespace) -> None:
+    """``jax.distributed.initialize`` with Gloo CPU collectives (before anything else touches a JAX backend)."""
+    if opts.backend == "jax" and opts.num_processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{opts.port}", num_processes=opts.num_processes,
+                                   process_id=opts.process_id)
+
+
 def run(opts: argparse.Namespace) -> Dict[str, Any]:
     """Train and time; returns rank 0's figures (also written to ``--json``)."""
+    start_jax_distributed(opts)
     params, apply = init_model(opts.model, opts.image_size, jax.random.PRNGKey(0))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((opts.batch_size, 3, opts.image_size, opts.image_size)).astype(np.float32)

@@ -46,8 +46,14 @@ def to_numpy(value: Any) -> np.ndarray:
 
 
 def to_jax(array: np.ndarray) -> jax.Array:
-    """A new JAX array holding ``array``'s data (the op layer's output buffers may be reused later)."""
-    return jnp.asarray(array)
+    """``array`` as a JAX array, sharing its memory through DLPack where it can (the op layer's new outputs;
+    a pooled one is not reused while the JAX array holds it), else copied (bfloat16, read-only arrays)."""
+    if array.flags.writeable and array.dtype.kind in "biuf" and array.dtype.isnative:
+        try:
+            return jax.dlpack.from_dlpack(array)
+        except (BufferError, TypeError, ValueError, RuntimeError):
+            pass
+    return jax.device_put(array)
 
 
 def shapes_of(values: Sequence[Any]) -> list:
