@@ -15,6 +15,11 @@ pytest.importorskip("tensorflow")
 
 # The names each module exposes besides horovod.core.api.__all__ (its own collectives and helpers).
 OWN_NAMES = {
+    "horovod.jax": [
+        "Compression", "DistributedOptimizer", "DistributedOptimizerState", "allgather", "allgather_object",
+        "allreduce", "allreduce_gradients", "alltoall", "barrier", "broadcast", "broadcast_object",
+        "broadcast_parameters", "broadcast_variables", "grouped_allgather", "grouped_allreduce",
+        "grouped_reducescatter", "join", "reducescatter"],
     "horovod.keras": [
         "Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allreduce", "broadcast",
         "broadcast_global_variables", "broadcast_variables", "load_model", "reducescatter"],
