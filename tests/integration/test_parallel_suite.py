@@ -12,7 +12,7 @@ from tests.support.launch import PARALLEL, run_parallel_tests
 pytestmark = pytest.mark.timeout(480)
 
 # The framework bindings have suites of their own (e.g. test_torch_suite.py); this one runs the core files.
-FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_", "test_keras_")
+FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_", "test_keras_", "test_jax_", "test_mxnet_")
 FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith(FRAMEWORK_PREFIXES))
 JOB_TIMEOUT = 180
 FILES_JOB_TIMEOUT = 420                    # one job runs every file

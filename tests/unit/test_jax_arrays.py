@@ -6,6 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from horovod.core.engine.output_pool import OutputPool
 from horovod.jax.arrays import check_array, is_traced, to_jax, to_numpy, tracing
 from horovod.jax.host_calls import call_on_host
 
@@ -18,10 +19,12 @@ def test_to_numpy_reads_a_jax_array_without_copying_and_keeps_zero_dims():
 
 
 def test_to_jax_shares_writable_numeric_memory_and_copies_the_rest():
-    out = np.zeros(1 << 18, np.float32)                # large: page-aligned, as the op layer's pooled outputs
+    out = OutputPool(1 << 26).empty((1 << 20,), np.float32)   # a large output, as the op layer makes it
+    out[:] = 0
     shared = to_jax(out)
+    assert shared.unsafe_buffer_pointer() == out.ctypes.data, "the result should share the op layer's memory"
     out[0] = 7                                          # the op layer never writes a returned output again
-    assert float(shared[0]) == 7, "the result should share the op layer's output memory"
+    assert float(shared[0]) == 7
     bf16 = to_jax(np.ones(3, ml_dtypes.bfloat16))       # DLPack has no bfloat16: copied
     assert bf16.dtype == jnp.bfloat16 and float(bf16.sum()) == 3
     frozen = np.ones(2, np.int32)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from horovod.core.engine.output_pool import MIN_POOLED_BYTES, OutputPool
+from horovod.core.engine.output_pool import ALIGNMENT, MIN_POOLED_BYTES, OutputPool
 
 BIG = 4 * MIN_POOLED_BYTES
 
@@ -62,3 +62,14 @@ def test_idle_memory_stays_within_the_capacity():
     assert pool.idle_bytes() == BIG                        # idle + the new one within 3 * BIG
     del reused, bigger
     assert pool.idle_bytes() == BIG + BIG + 3 * BIG // 2
+
+
+@pytest.mark.parametrize("nbytes", [BIG, BIG + 8, 3 * BIG // 2 + 4])
+def test_pooled_outputs_start_on_a_64_byte_boundary_new_and_reused(nbytes):
+    # XLA (horovod.jax's DLPack hand-over) uses a host buffer in place only when it is 64-byte aligned.
+    pool = OutputPool(64 * MIN_POOLED_BYTES)
+    first = pool.empty((nbytes // 4,), np.float32)
+    assert address(first) % ALIGNMENT == 0 and first.nbytes == nbytes // 4 * 4
+    del first
+    again = pool.empty((nbytes // 4,), np.float32)
+    assert address(again) % ALIGNMENT == 0

@@ -11,6 +11,10 @@ reference count says exactly whether the program can still reach the memory. Whe
 it first forgets idle ones, oldest first, so that the idle buffers and the new one fit in
 ``HOROVOD_OUTPUT_POOL_BYTES`` (0 disables the pool); arrays below ``MIN_POOLED_BYTES`` come from ``np.empty`` as
 before, where the allocator's own free lists already reuse memory.
+
+Pooled outputs start on a 64-byte boundary (``ALIGNMENT``). glibc's large blocks start 16 bytes past a page, and
+XLA takes a host buffer without a copy only when it is 64-byte aligned, so ``horovod.jax`` hands a result to JAX
+through DLPack without copying it only from aligned memory (a copy cost 0.5 ms per 4 MB there).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 MIN_POOLED_BYTES = 1 << 20
+ALIGNMENT = 64          # bytes; what XLA needs to use a host buffer in place (and a cache line)
 _IDLE_REFCOUNT = 3      # the pool's list, one local variable, and getrefcount's argument
 
 
@@ -40,18 +45,20 @@ class OutputPool:
         with self._lock:
             backing = self._take(nbytes)
             if backing is None:
-                backing = np.empty(nbytes, np.uint8)
+                backing = np.empty(nbytes + ALIGNMENT, np.uint8)
                 self._make_room(nbytes)
             self._buffers.append(backing)
-            return backing[:nbytes].view(dtype).reshape(shape)
+            start = -backing.ctypes.data % ALIGNMENT
+            return backing[start:start + nbytes].view(dtype).reshape(shape)
 
     def _take(self, nbytes: int) -> Optional[np.ndarray]:
-        """An idle buffer of at least ``nbytes`` and less than twice that (the smallest such), removed from the
-        list."""
+        """An idle buffer that holds ``nbytes`` at an aligned start and less than twice that (the smallest such),
+        removed from the list."""
         best = None
         for index in range(len(self._buffers)):     # not enumerate(): its cached tuple holds a reference
             backing = self._buffers[index]
-            if nbytes <= backing.nbytes < 2 * nbytes and sys.getrefcount(backing) <= _IDLE_REFCOUNT:
+            usable = _usable(backing)
+            if nbytes <= usable < 2 * nbytes and sys.getrefcount(backing) <= _IDLE_REFCOUNT:
                 if best is None or backing.nbytes < self._buffers[best].nbytes:
                     best = index
         return None if best is None else self._buffers.pop(best)
@@ -59,19 +66,24 @@ class OutputPool:
     def _make_room(self, incoming: int) -> None:
         """Forget idle buffers, oldest first, until the idle ones and ``incoming`` fit in the capacity."""
         idle = [b for b in self._buffers if sys.getrefcount(b) <= _IDLE_REFCOUNT]
-        total = sum(b.nbytes for b in idle) + incoming
+        total = sum(_usable(b) for b in idle) + incoming
         dropped = set()
         for backing in idle:
             if total <= self.capacity:
                 break
-            total -= backing.nbytes
+            total -= _usable(backing)
             dropped.add(id(backing))
         self._buffers = [b for b in self._buffers if id(b) not in dropped]
 
     def idle_bytes(self) -> int:
         """Bytes held by buffers that no array refers to (for tests and diagnostics)."""
         with self._lock:
-            return sum(b.nbytes for b in self._buffers if sys.getrefcount(b) <= _IDLE_REFCOUNT)
+            return sum(_usable(b) for b in self._buffers if sys.getrefcount(b) <= _IDLE_REFCOUNT)
+
+
+def _usable(backing: np.ndarray) -> int:
+    """The bytes a backing buffer holds from its aligned start (what the capacity counts)."""
+    return backing.nbytes - ALIGNMENT
 
 
 _pool: Optional[OutputPool] = None
