@@ -24,6 +24,7 @@ CHECK_BUILD = "check_build"  # -cb: prints the build table, makes -np optional
 NICS_APPEND = "nics_append"  # deprecated repeatable --network-interface
 CONFIG_FILE = "config_file"  # --config-file: the file overrides the flags before it
 COMMAND = "command"        # the positional command line
+JOB_FILE = "job_file"      # --job: a path that makes -np optional (the job file gives the count)
 
 LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 
@@ -168,6 +169,11 @@ _GENERAL = [
     Option("config_file", GENERAL, ("--config-file",), "Path to YAML file containing runtime parameter "
            "configuration for Horovod. Note that this will override any command line arguments provided before "
            "this argument, and will be overridden by any arguments that come after it.", kind=CONFIG_FILE),
+    Option("job", GENERAL, ("--job",), "Path to a RiseML-style YAML job file (riseml.yml) that describes the "
+           "workers, their resources and the command lines to run. Every process runs each line in order, and "
+           "all processes finish a line before any starts the next. Workers are placed on the --hosts / "
+           "--hostfile hosts in order (all on localhost if neither is given) and -np is taken from the file. "
+           "This flag is not part of upstream Horovod; see docs/job-file.md.", kind=JOB_FILE),
     Option("ssh_port", SSH, ("-p", "--ssh-port"), "SSH port on all the hosts.", type=int, keyword="ssh_port"),
     Option("ssh_identity_file", SSH, ("-i", "--ssh-identity-file"),
            "File on the driver from which the identity (private key) is read.", keyword="ssh_identity_file"),

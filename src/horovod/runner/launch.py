@@ -6,7 +6,8 @@ groups. ``_run`` launches the job with the built-in controller (upstream's Gloo 
 it runs an elastic job (:func:`_run_elastic`, :mod:`horovod.runner.elastic.driver`). Inside an LSF job the hosts,
 slots and ``-np`` default to LSF's allocation (:mod:`horovod.runner.util.lsf`), and ``--jsrun`` (or, without a
 controller flag, an LSF job where ``jsrun`` and MPI are installed) starts the ranks with ``jsrun``
-(:mod:`horovod.runner.js_run`).
+(:mod:`horovod.runner.js_run`). ``--job riseml.yml`` runs a RiseML-style job file's lines on its workers
+(:mod:`horovod.runner.job_file`, :mod:`horovod.runner.job_run`).
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ def _run(args: Any) -> Optional[List[Any]]:
     bad hosts or counts (or ``--jsrun`` outside LSF), and :class:`horovod.runner.process.JobFailedError` when a
     rank fails.
     """
+    if getattr(args, "job", None):
+        return _run_job_file(args)
     if lsf.using_lsf():
         _apply_lsf_defaults(args)
 
@@ -283,12 +286,44 @@ def _worker_base_env(args: Any) -> dict:
     return env
 
 
-def _run_static(args: Any) -> Optional[List[Any]]:
+def _static_settings(args: Any):
+    """The static launch's :class:`Settings` from the flags (``args.np`` and ``args.hosts`` already set)."""
     from horovod.common import config
 
+    from .common.util.settings import Settings
+
+    start_timeout = args.start_timeout or config.get("HOROVOD_START_TIMEOUT")
+    return Settings(
+        num_proc=args.np, hosts=args.hosts, verbose=2 if getattr(args, "verbose", None) else 0,
+        ssh_port=getattr(args, "ssh_port", None), ssh_identity_file=getattr(args, "ssh_identity_file", None),
+        extra_mpi_args=getattr(args, "mpi_args", None), tcp_flag=bool(getattr(args, "tcp_flag", False)),
+        binding_args=getattr(args, "binding_args", None), start_timeout=float(start_timeout),
+        output_filename=getattr(args, "output_filename", None), run_func=args.run_func is not None,
+        nics=args.nics, prefix_output_with_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
+    )
+
+
+def _run_job_file(args: Any) -> None:
+    """``--job``: run a RiseML-style job file's lines on its workers (:mod:`horovod.runner.job_run`)."""
+    from . import job_file, job_run
+
+    if args.command or args.run_func is not None:
+        raise ValueError("--job runs the job file's 'run' lines: drop the command after the flags.")
+    if _is_elastic(args) or getattr(args, "use_mpi", None) or getattr(args, "use_jsrun", None):
+        raise ValueError("--job runs on horovodrun's own controller with a fixed set of hosts: drop --mpi, "
+                         "--jsrun, --min-np and --host-discovery-script.")
+    job = job_file.load(args.job)
+    workers = job_run.worker_hosts(job, getattr(args, "hosts", None), getattr(args, "hostfile", None))
+    args.np = job_run.check_num_proc(job, args.np)
+    args.hosts = job_run.hosts_string(job, workers)
+    args.nics = _normalize_nics(getattr(args, "nics", None))
+    job_run.check_resources(job, workers)
+    job_run.run_job(job, _static_settings(args), _worker_base_env(args))
+
+
+def _run_static(args: Any) -> Optional[List[Any]]:
     from . import gloo_run
     from .common.util import network
-    from .common.util.settings import Settings
     from .rendezvous import RendezvousServer
 
     np = args.np
@@ -298,15 +333,7 @@ def _run_static(args: Any) -> Optional[List[Any]]:
     if not args.run_func and not command:
         raise ValueError("No command to run was given, e.g. `horovodrun -np 2 python train.py`.")
 
-    start_timeout = args.start_timeout or config.get("HOROVOD_START_TIMEOUT")
-    settings = Settings(
-        num_proc=np, hosts=args.hosts, verbose=2 if getattr(args, "verbose", None) else 0,
-        ssh_port=getattr(args, "ssh_port", None), ssh_identity_file=getattr(args, "ssh_identity_file", None),
-        extra_mpi_args=getattr(args, "mpi_args", None), tcp_flag=bool(getattr(args, "tcp_flag", False)),
-        binding_args=getattr(args, "binding_args", None), start_timeout=float(start_timeout),
-        output_filename=getattr(args, "output_filename", None), run_func=args.run_func is not None,
-        nics=args.nics, prefix_output_with_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
-    )
+    settings = _static_settings(args)
     plan = gloo_run.host_alloc_plan(settings)  # validates hosts and slots before anything starts
     host_names = list(dict.fromkeys(slot.hostname for slot in plan))
     remote_hosts = network.filter_local_addresses(host_names)

@@ -72,6 +72,17 @@ def make_check_build_action(np_arg: argparse.Action):
     return CheckBuildAction
 
 
+def make_job_file_action(np_arg: argparse.Action):
+    """``--job``: stores the job file's path and makes ``-np`` optional (the file gives the count)."""
+
+    class JobFileAction(argparse.Action):
+        def __call__(self, parser, args, values, option_string=None):
+            np_arg.required = False
+            setattr(args, self.dest, values)
+
+    return JobFileAction
+
+
 def make_nics_append_action():
     """The deprecated repeatable ``--network-interface``."""
 
@@ -162,6 +173,7 @@ class _Builder:
         options.CHECK_BUILD: lambda b: dict(action=make_check_build_action(b.actions["np"]), nargs=0,
                                             default=False),
         options.NICS_APPEND: lambda b: dict(action=make_nics_append_action()),
+        options.JOB_FILE: lambda b: dict(action=make_job_file_action(b.actions["np"])),
         options.CONFIG_FILE: lambda b: dict(action=make_config_file_action(b.override_args)),
         options.COMMAND: lambda b: dict(nargs=argparse.REMAINDER),
     }
