@@ -172,6 +172,10 @@ _KNOBS = [
     Knob("HOROVOD_DEADLOCK_SHUTDOWN_DISABLE", parse_bool, False,
          "Only report deadlocks, never end the job (for programs that submit collectives from several threads).",
          ours=True),
+    Knob("HOROVOD_SECRET_FILE", _str, "",
+         "Plain `srun` without horovodrun: the file (in a directory every node sees) where rank 0 writes the job "
+         "secret (0600, made with O_EXCL; its address goes to <file>.addr); unset = "
+         "~/.horovod/slurm-<job id>.<step id>.key.", ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),

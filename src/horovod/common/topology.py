@@ -153,15 +153,23 @@ class Slurm(Detector):
                         len(nodes_with_slot), socket.gethostname(), self.name)
 
 
-def _tasks_per_node(spec: str) -> Optional[List[int]]:
-    """Expand Slurm's compressed ``2(x3),1`` tasks-per-node list to ``[2, 2, 2, 1]`` (None if unparsable)."""
+def expand_slurm_counts(spec: str) -> List[int]:
+    """Expand Slurm's compressed per-node counts (``2(x3),1``) to ``[2, 2, 2, 1]``; ValueError when unreadable."""
     counts: List[int] = []
-    for part in filter(None, spec.split(",")):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
         if not match:
-            return None
+            raise ValueError(f"Cannot read the Slurm task counts {spec!r}: {part!r} is not N or N(xM).")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts or None
+    return counts
+
+
+def _tasks_per_node(spec: str) -> Optional[List[int]]:
+    """Slurm's tasks-per-node list expanded (:func:`expand_slurm_counts`), or None if empty or unparsable."""
+    try:
+        return expand_slurm_counts(spec) or None
+    except ValueError:
+        return None
 
 
 def _with_cross(rank, size, local_rank, local_size, node_rank, source) -> Topology:

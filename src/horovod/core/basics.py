@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import List, Optional, Sequence, Union
 
-from horovod.common import config, logging_setup, mpi_context, topology, wire
+from horovod.common import config, logging_setup, mpi_context, slurm_rendezvous, topology, wire
 from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstream's)
     ccl_built,
     cuda_built,
@@ -225,6 +225,8 @@ def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
     key = wire.secret_from_env()
     addr = config.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
     port = config.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+    if slurm_rendezvous.wanted(topo):     # plain srun: rank 0 hosts the rendezvous
+        key, addr, port = slurm_rendezvous.locate(topo, timeout, default_bind_address())
     if key is None or not addr or not port:
         raise RuntimeError(
             f"the {topo.source} environment says this job has {topo.size} ranks, but there is no Horovod "
@@ -236,8 +238,10 @@ def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):
     try:
         bind_addr = default_bind_address() if config.get("HOROVOD_GLOO_IFACE") else kv._sock.getsockname()[0]
         abandoned = elastic_join.abandoned_check(kv, generation) if config.get("HOROVOD_ELASTIC") else None
-        return key, bind_addr, build_mesh(topo, key, kv_publish(kv, generation, timeout, abandoned), generation,
-                                          timeout, bind_addr)
+        mesh = build_mesh(topo, key, kv_publish(kv, generation, timeout, abandoned), generation, timeout,
+                          bind_addr)
+        slurm_rendezvous.mesh_built(topo)
+        return key, bind_addr, mesh
     finally:
         kv.close()
 

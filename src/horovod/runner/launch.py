@@ -6,7 +6,9 @@ groups. ``_run`` launches the job with the built-in controller (upstream's Gloo 
 it runs an elastic job (:func:`_run_elastic`, :mod:`horovod.runner.elastic.driver`). Inside an LSF job the hosts,
 slots and ``-np`` default to LSF's allocation (:mod:`horovod.runner.util.lsf`), and ``--jsrun`` (or, without a
 controller flag, an LSF job where ``jsrun`` and MPI are installed) starts the ranks with ``jsrun``
-(:mod:`horovod.runner.js_run`). ``--job riseml.yml`` runs a RiseML-style job file's lines on its workers
+(:mod:`horovod.runner.js_run`). Inside a Slurm allocation (``salloc``/``sbatch``) without -H/--hostfile the
+hosts, slots and ``-np`` come from the allocation and the ranks start as one ``srun`` step
+(:mod:`horovod.runner.srun_launch`). ``--job riseml.yml`` runs a RiseML-style job file's lines on its workers
 (:mod:`horovod.runner.job_file`, :mod:`horovod.runner.job_run`).
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from typing import Any, List, Optional, Sequence, Set
 
 from .common.util import arguments, config_parser, hosts
-from .util import lsf
+from .util import lsf, slurm
 
 log = logging.getLogger("horovod.runner")
 
@@ -47,10 +49,10 @@ def _version() -> str:
 def make_parser(override_args: Set[str], explicit: Set[str]) -> argparse.ArgumentParser:
     """The ``horovodrun`` argument parser (upstream's flags, groups and defaults), from the option table.
 
-    Inside an LSF job ``-np`` is optional (upstream): it defaults to the allocation's slots.
+    Inside an LSF job or a Slurm allocation ``-np`` is optional: it defaults to the allocation's slots.
     """
     parser = arguments.make_parser(override_args, explicit, _version())
-    if lsf.using_lsf():
+    if lsf.using_lsf() or slurm.using_slurm():
         for action in parser._actions:
             if action.dest == "np":
                 action.required = False
@@ -126,6 +128,10 @@ def _run(args: Any) -> Optional[List[Any]]:
         return _run_job_file(args)
     if lsf.using_lsf():
         _apply_lsf_defaults(args)
+    from . import srun_launch
+
+    if srun_launch.wanted(args):        # inside a Slurm allocation: its hosts, ranks started by srun
+        srun_launch.apply_allocation(args)
 
     if not getattr(args, "hosts", None) and not getattr(args, "host_discovery_script", None):
         if getattr(args, "hostfile", None):
@@ -335,6 +341,10 @@ def _run_static(args: Any) -> Optional[List[Any]]:
 
     settings = _static_settings(args)
     plan = gloo_run.host_alloc_plan(settings)  # validates hosts and slots before anything starts
+    if getattr(args, "slurm_step", False):
+        from . import srun_launch
+
+        return srun_launch.launch(settings, _worker_base_env(args), command)
     host_names = list(dict.fromkeys(slot.hostname for slot in plan))
     remote_hosts = network.filter_local_addresses(host_names)
     use_jsrun = _use_jsrun(args)
