@@ -131,6 +131,9 @@ def run_job(job: JobFile, settings: Settings, env: Mapping[str, str]) -> None:
             common = job_env(rendezvous_addr, rendezvous.port, settings)
             specs = [worker_spec(slot, [SHELL, "-c", line.text], env, common, rendezvous.secret, settings)
                      for slot in plan]
+            if settings.verbose:
+                for spec in specs:
+                    log.info("rank %d on %s: %s", spec.rank, spec.hostname, spec.display)
             output_dir = (os.path.join(settings.output_filename, f"line.{line.index}")
                           if settings.output_filename else None)
             run_workers(specs, output_dir=output_dir, prefix_timestamp=settings.prefix_output_with_timestamp)
