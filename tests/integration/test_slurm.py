@@ -1,14 +1,16 @@
-"""Horovod under a real Slurm (Debian's slurmctld, slurmd and munge, configured by tests/support/slurm.py).
+"""Horovod under a real Slurm of two nodes (Debian's slurmctld, slurmd and munge, configured by
+tests/support/slurm.py): each node is a network-namespace host of tests/support/hosts.py with its own slurmd.
 
-- ``salloc -n 2 horovodrun -np 2 python worker``: horovodrun reads the allocation and starts the ranks as one
-  srun step, which every rank's Slurm variables show; an allreduce and an allgather across them are checked.
-- ``sbatch -n 2`` with ``horovodrun python worker --fail 1`` (no -np: the allocation's task count): rank 1 fails,
-  srun stops the step, and the report the user sees names rank 1, its host, its exit code and its last line.
-- ``srun -n 3 python worker`` without horovodrun: 3 ranks (not a power of two) meet at rank 0's rendezvous; its
-  secret file is the user's, mode 0600, in a 0700 directory, a wrong secret is rejected, and the files are gone
-  after the job.
+- ``salloc -N 2 -n 4 horovodrun -np 4 python worker``: horovodrun reads the allocation and starts the ranks as
+  one srun step (2 per node), which every rank's Slurm variables show; allreduce and allgather are checked.
+- ``sbatch -N 2 -n 2`` with ``horovodrun python worker --fail 1`` (no -np: the allocation's task count; the
+  script runs on the first node): rank 1 fails on the second node, srun stops the step, and the report the
+  user sees names rank 1, its node, its exit code and its last line.
+- ``srun -N 2 -n 3 python worker`` without horovodrun: 3 ranks (not a power of two, 2 + 1 per node) meet at rank
+  0's rendezvous; its secret file is the user's, mode 0600, in a 0700 directory, a wrong secret is rejected, and
+  the files are gone after the job.
 
-The daemons start once for the module (about a second); each job takes a few seconds.
+The hosts and daemons start once for the module (about 2 s); each job takes a few seconds.
 """
 import json
 import os
@@ -19,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hosts import namespace_hosts
 from tests.support.launch import ROOT
-from tests.support.slurm import slurm_cluster
+from tests.support.slurm import SlurmNode, slurm_cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,8 +33,10 @@ JOB_TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def cluster():
-    with slurm_cluster() as running:
-        yield running
+    with namespace_hosts(2) as hosts:
+        nodes = [SlurmNode(h.name, h.address, cpus=2, netns=h.netns) for h in hosts.hosts]
+        with slurm_cluster(nodes, controller_addr=hosts.gateway) as running:
+            yield running
 
 
 @pytest.fixture
@@ -61,19 +66,22 @@ def results(text: str) -> dict:
 
 
 def test_horovodrun_in_salloc_starts_the_ranks_with_srun(cluster, job_env, tmp_path):
-    proc = run(["salloc", "-n", 2, "horovodrun", "-np", 2, sys.executable, WORKER], job_env, tmp_path)
+    # Like a login node, the shell of salloc must resolve the node names: run it in the first node's netns.
+    proc = run(["ip", "netns", "exec", cluster.nodes[0].netns, "salloc", "-N", 2, "-n", 4,
+                "horovodrun", "-np", 4, sys.executable, WORKER], job_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by_rank = results(proc.stdout)
-    assert sorted(by_rank) == [0, 1], proc.stdout
+    assert sorted(by_rank) == [0, 1, 2, 3], proc.stdout
+    nodes = [n.name for n in cluster.nodes]
     for rank, record in by_rank.items():
         assert f"[{rank}]<stdout>:RESULT " in proc.stdout
-        assert record["size"] == 2 and record["local_rank"] == rank and record["local_size"] == 2
-        assert record["cross_rank"] == 0 and record["cross_size"] == 1
-        assert record["sums"] == [3.0, 3.0] and record["gathered"] == [0, 1]
+        assert record["size"] == 4 and record["local_rank"] == rank % 2 and record["local_size"] == 2
+        assert record["cross_rank"] == rank // 2 and record["cross_size"] == 2
+        assert record["sums"] == [10.0, 10.0] and record["gathered"] == [0, 1, 2, 3]
         env = record["env"]
         assert env["SLURM_PROCID"] == str(rank) and "SLURM_STEP_ID" in env    # a task of an srun step
-        assert env["HOROVOD_RANK"] == str(rank) and env["HOROVOD_LOCAL_RANK"] == str(rank)
-        assert env["HOROVOD_HOSTNAME"] == cluster.node and env["HOROVOD_CROSS_SIZE"] == "1"
+        assert env["HOROVOD_RANK"] == str(rank) and env["HOROVOD_LOCAL_RANK"] == str(rank % 2)
+        assert env["HOROVOD_CROSS_RANK"] == str(rank // 2) and env["HOROVOD_HOSTNAME"] == nodes[rank // 2]
         assert "SLURM_HOSTFILE" not in env and record["has_secret_env"]
         assert record["probe"] is None
 
@@ -84,27 +92,33 @@ def test_a_failing_rank_under_sbatch_stops_the_step_and_is_named(cluster, job_en
     script.write_text(f"#!/bin/sh\nexec horovodrun {sys.executable} {WORKER} --fail 1\n")
     script.chmod(0o755)
     start = time.monotonic()
-    proc = run(["sbatch", "--wait", "-n", 2, "-o", out, script], job_env, tmp_path)
+    proc = run(["sbatch", "--wait", "-N", 2, "-n", 2, "-o", out, script], job_env, tmp_path)
     elapsed = time.monotonic() - start
     text = out.read_text()
     assert elapsed < 30, (elapsed, text)    # rank 0 sleeps for 60 s unless srun stops it
     assert proc.returncode == 3, proc.stdout + proc.stderr + text     # the failed rank's exit code
     assert "srun: error: " in text and "task 1: Exited with exit code 3" in text
-    assert "Process 1 failed (exit code 3) on " + cluster.node in text
+    assert "Process 1 failed (exit code 3) on " + cluster.nodes[1].name in text
     report = text[text.index("The first process to do so was:"):]
-    assert "Process name: 1\n" in report and f"Host: {cluster.node}\n" in report and "Exit code: 3\n" in report
+    assert "Process name: 1\n" in report and "Exit code: 3\n" in report
+    assert f"Host: {cluster.nodes[1].name}\n" in report
     assert "Last 1 output lines of rank 1:\n    rank 1 fails on purpose" in report
     assert "[1]<stdout>:rank 1 fails on purpose" in text
     assert "RESULT" not in text      # rank 0 was stopped in its sleep
 
 
 def test_plain_srun_ranks_meet_at_rank_0s_rendezvous(cluster, job_env, tmp_path):
-    proc = run(["srun", "-n", 3, sys.executable, WORKER, "--probe-secret"], job_env, tmp_path)
+    proc = run(["srun", "-N", 2, "-n", 3, sys.executable, WORKER, "--probe-secret"], job_env, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by_rank = results(proc.stdout)
     assert sorted(by_rank) == [0, 1, 2], proc.stdout
+    # (local rank, local size, cross rank, cross size): ranks 0, 1 on the first node, rank 2 alone on the second;
+    # cross ranks join the ranks with the same local rank (local rank 1 exists on the first node only).
+    layout = {0: (0, 2, 0, 2), 1: (1, 2, 0, 1), 2: (0, 1, 1, 2)}
     for rank, record in by_rank.items():
-        assert record["size"] == 3 and record["local_rank"] == rank and record["local_size"] == 3
+        assert record["size"] == 3
+        got = (record["local_rank"], record["local_size"], record["cross_rank"], record["cross_size"])
+        assert got == layout[rank], (rank, got)
         assert record["sums"] == [6.0, 6.0] and record["gathered"] == [0, 1, 2]
         assert "HOROVOD_RANK" not in record["env"] and not record["has_secret_env"]
     probe = by_rank[1]["probe"]
