@@ -183,9 +183,12 @@ def _start_daemons(cluster: SlurmCluster, env: Dict[str, str]) -> None:
         (root / "spool" / node.name).mkdir()
         if node.netns is not None:
             # Under the node's own hostname, as tests/support/hosts.py runs sshd. `ip netns exec` mounts a
-            # fresh /sys in a mount namespace of its own, without the cgroup file system that slurmd's cgroup
-            # plugin insists on finding (it only reads it: proctrack/linuxproc, task/none): mount it there.
-            script = 'hostname "$1" && shift && mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"'
+            # fresh /sys in a mount namespace of its own, without the cgroup (v1) mounts that slurmd's cgroup
+            # plugin insists on finding even when unused (proctrack/linuxproc, task/none): mount a stand-in
+            # there (a tmpfs and the named systemd hierarchy), seen by this node's processes only.
+            script = ('hostname "$1" && shift && mount -t tmpfs cgroup /sys/fs/cgroup'
+                      ' && mkdir /sys/fs/cgroup/systemd'
+                      ' && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"')
             slurmd = ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--", "sh", "-c", script, "sh",
                       node.name, *slurmd]
         cluster.procs[f"slurmd-{node.name}"] = _start(f"slurmd-{node.name}", slurmd, root, env)

@@ -98,7 +98,8 @@ def test_srun_command_and_placement():
     assert srun_launch.hostfile_text(plan) == "n1\nn1\nn2\nn2\n"
     argv = srun_launch.build_srun_command(4, ["python", "train.py", "--lr", "0.1"], "/usr/bin/srun", "/py")
     assert argv == ["/usr/bin/srun", "--ntasks=4", "--distribution=arbitrary", "--kill-on-bad-exit=1", "--label",
-                    "/py", "-m", "horovod.runner.srun_task", "--", "python", "train.py", "--lr", "0.1"]
+                    "--quit-on-interrupt", "/py", "-m", "horovod.runner.srun_task", "--",
+                    "python", "train.py", "--lr", "0.1"]
 
 
 def test_srun_environment_carries_the_secret_never_the_command_line():

@@ -6,7 +6,7 @@ When ``horovodrun`` runs in the shell of ``salloc`` or in an ``sbatch`` script a
 (:mod:`horovod.runner.util.slurm`), ``-np`` defaults to its task count, and the ranks start as::
 
     SLURM_HOSTFILE=<one host per rank> srun --ntasks=N --distribution=arbitrary --kill-on-bad-exit=1 --label \
-        python -m horovod.runner.srun_task COMMAND...
+        --quit-on-interrupt python -m horovod.runner.srun_task COMMAND...
 
 ``--distribution=arbitrary`` places rank ``r`` on the host of line ``r`` of the host file, so each node runs the
 tasks of the plan (hosts filled in allocation order). Each task sets its ``HOROVOD_*`` rank variables from
@@ -40,6 +40,7 @@ from .mpi_output import MpirunOutput
 from .process import (
     GRACE_SECONDS,
     JobFailedError,
+    JobInterruptedError,
     OutputSink,
     WorkerExit,
     WorkerStartError,
@@ -96,10 +97,11 @@ def hostfile_text(plan: Sequence[SlotInfo]) -> str:
 
 def build_srun_command(num_proc: int, command: Sequence[str], srun: str = "srun",
                        python: Optional[str] = None) -> List[str]:
-    """srun's argv: one step of ``num_proc`` tasks placed by the host file, labelled output, fail-fast; each task
-    runs :mod:`horovod.runner.srun_task`, which sets its rank variables and becomes ``command``."""
+    """srun's argv: one step of ``num_proc`` tasks placed by the host file, labelled output, fail-fast, a single
+    SIGINT ending the step (srun's default only prints its status); each task runs
+    :mod:`horovod.runner.srun_task`, which sets its rank variables and becomes ``command``."""
     return [srun, f"--ntasks={num_proc}", "--distribution=arbitrary", "--kill-on-bad-exit=1", "--label",
-            python or sys.executable, "-m", "horovod.runner.srun_task", "--", *command]
+            "--quit-on-interrupt", python or sys.executable, "-m", "horovod.runner.srun_task", "--", *command]
 
 
 def srun_env(base_env: Mapping[str, str], common_env: Mapping[str, str], secret: str,
@@ -198,7 +200,10 @@ def _execute(argv: List[str], env: Mapping[str, str], command: Sequence[str], se
     received: List[int] = []
     returncode = mpi_run._run_to_completion(proc, output, received, grace)
     if received:
-        mpi_run._raise_interrupted(received[0])
+        log.error("Received %s: srun ended the job step.", signal.Signals(received[0]).name)
+        if received[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise JobInterruptedError(received[0])
     if returncode == 0:
         return
     failure = first_failure(list(output.untagged["stderr"]) + list(output.untagged["stdout"]))

@@ -1,9 +1,11 @@
-"""A rank of the Slurm tests (tests/integration/test_slurm.py), started by srun (directly or by horovodrun).
+"""A rank of the Slurm tests (tests/integration/test_slurm_cluster.py), started by srun (directly or by
+horovodrun).
 
 Prints one ``RESULT {json}`` line: its rank, size, local and cross rank, the HOROVOD_* and SLURM_* variables it
 was started with, and allreduce / allgather results over every rank. Options:
 
 - ``--fail R``: rank R prints a line and exits 3 after the first allreduces; the others sleep for a minute;
+- ``--hold DIR``: every rank writes its pid to ``DIR/pid.<rank>`` after init, then sleeps for a minute;
 - ``--probe-secret``: rank 1 (plain srun only) waits, before ``hvd.init``, until rank 0 has published the
   rendezvous, then records the secret file's mode, owner and directory mode, and checks that rank 0's store
   rejects a connection with a wrong secret. Rank 0 cannot remove the files before rank 1 joins, so this is exact.
@@ -45,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail", type=int, default=-1)
     parser.add_argument("--probe-secret", action="store_true")
+    parser.add_argument("--hold", metavar="DIR", help="after init, write pid.<rank> into DIR and sleep 60 s")
     args = parser.parse_args()
     rank_env = os.environ.get("SLURM_PROCID")
     probe = probe_secret() if args.probe_secret and rank_env == "1" else None
@@ -54,7 +57,10 @@ def main() -> None:
     if rank == args.fail:
         print(f"rank {rank} fails on purpose", flush=True)
         sys.exit(3)
-    if args.fail >= 0:
+    if args.hold:
+        with open(os.path.join(args.hold, f"pid.{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+    if args.fail >= 0 or args.hold:
         time.sleep(60)       # outside any collective: only the launcher's fail-fast can end this rank early
     gathered = hvd.allgather(np.array([rank], dtype=np.int64)).tolist()
     result = {

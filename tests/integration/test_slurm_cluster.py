@@ -3,6 +3,7 @@ tests/support/slurm.py): each node is a network-namespace host of tests/support/
 
 - ``salloc -N 2 -n 4 horovodrun -np 4 python worker``: horovodrun reads the allocation and starts the ranks as
   one srun step (2 per node), which every rank's Slurm variables show; allreduce and allgather are checked.
+- Ctrl-C (SIGINT) to that horovodrun ends the step: exit code 130, every rank gone.
 - ``sbatch -N 2 -n 2`` with ``horovodrun python worker --fail 1`` (no -np: the allocation's task count; the
   script runs on the first node): rank 1 fails on the second node, srun stops the step, and the report the
   user sees names rank 1, its node, its exit code and its last line.
@@ -14,13 +15,16 @@ The hosts and daemons start once for the module (about 2 s); each job takes a fe
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from horovod.runner.process import GRACE_SECONDS
 from tests.support.hosts import namespace_hosts
 from tests.support.launch import ROOT
 from tests.support.slurm import SlurmNode, slurm_cluster
@@ -84,6 +88,39 @@ def test_horovodrun_in_salloc_starts_the_ranks_with_srun(cluster, job_env, tmp_p
         assert env["HOROVOD_CROSS_RANK"] == str(rank // 2) and env["HOROVOD_HOSTNAME"] == nodes[rank // 2]
         assert "SLURM_HOSTFILE" not in env and record["has_secret_env"]
         assert record["probe"] is None
+
+
+def test_ctrl_c_to_horovodrun_ends_the_srun_step(cluster, job_env, tmp_path):
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    argv = ["ip", "netns", "exec", cluster.nodes[0].netns, "salloc", "-N", 2, "-n", 2,
+            "horovodrun", sys.executable, WORKER, "--hold", piddir]
+    proc = subprocess.Popen([str(a) for a in argv], env=job_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(piddir.iterdir())) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        pids = [int(p.read_text()) for p in piddir.iterdir()]
+        assert len(pids) == 2, proc.communicate(timeout=5)
+        launcher = [p for p in psutil.Process(proc.pid).children(recursive=True) if p.name() == "horovodrun"]
+        assert len(launcher) == 1, launcher
+        launcher[0].send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        out, err = proc.communicate(timeout=20)
+        stopped_in = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Interrupted (SIGINT): all ranks were stopped." in err
+    # srun ended the step itself: horovodrun did not have to kill it after its grace period
+    assert "did not stop within" not in err and stopped_in < GRACE_SECONDS, (stopped_in, err)
+    gone_by = time.monotonic() + 10
+    while any(psutil.pid_exists(pid) for pid in pids) and time.monotonic() < gone_by:
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(pid) for pid in pids), pids
 
 
 def test_a_failing_rank_under_sbatch_stops_the_step_and_is_named(cluster, job_env, tmp_path):
