@@ -184,3 +184,22 @@ def test_default_secret_path_is_per_job_step(monkeypatch, tmp_path):
     env = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "3"}
     assert slurm_rendezvous.secret_path(env) == str(tmp_path / ".horovod" / "slurm-42.3.key")
     assert not slurm_rendezvous.wanted(_slurm_topo(1), {**env, SECRET_ENV: "ab" * 32})
+
+
+def test_srun_output_files_per_rank(tmp_path):
+    out = srun_launch.SrunOutput(2, str(tmp_path), prefix_timestamp=False)
+    out._targets = {"stdout": io.StringIO(), "stderr": io.StringIO()}
+    out._line(b"1: to stdout\n", "stdout")
+    out._line(b"1: to stderr\n", "stderr")
+    out._line(b"srun: error: not a rank's line\n", "stderr")
+    out.close()
+    assert (tmp_path / "rank.1" / "stdout").read_text() == "to stdout\n"
+    assert (tmp_path / "rank.1" / "stderr").read_text() == "to stderr\n"
+    assert not (tmp_path / "rank.0").exists()
+
+
+def test_launch_without_srun_says_what_to_do():
+    from horovod.runner.common.util.settings import Settings
+
+    with pytest.raises(ValueError, match="srun is not on PATH.*-H/--hostfile"):
+        srun_launch.launch(Settings(num_proc=2, hosts="n1:2"), {"PATH": "/nonexistent"}, ["python", "x.py"])
