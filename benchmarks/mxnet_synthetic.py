@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.tensorflow_scaling import load_average  # noqa: E402
 from benchmarks.tensorflow_scaling import report as tf_report  # noqa: E402
 from benchmarks.torch_scaling import _run, add_scaling_options, horovod_cmd  # noqa: E402
+from benchmarks.workers.synthetic_loop import run_synthetic  # noqa: E402
 
 PINNED = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "MXNET_CPU_PRIORITY_NTHREADS": "1"}
 log = logging.getLogger("benchmarks.mxnet_synthetic")
@@ -82,34 +83,14 @@ def worker(args: argparse.Namespace) -> Dict[str, Any]:
         loss.backward()
         trainer.step(args.batch_size)
 
-    def timed(steps: int) -> float:
-        start = time.perf_counter()
-        for _ in range(steps):
-            benchmark_step()
-        mx.nd.waitall()
-        return time.perf_counter() - start
-
     def say(msg: str, *a: Any) -> None:
         if rank == 0:
             log.info(msg, *a)
 
-    n_params = sum(p.data().size for p in params.values())
-    say("Model: %s (%.2f M parameters, %d tensors)", args.model, n_params / 1e6, len(list(params.keys())))
-    say("Batch size: %d", args.batch_size)
-    say("Number of CPUs: %d", size)
-    say("Running warmup...")
-    timed(args.num_warmup_batches)
-    say("Running benchmark...")
-    img_secs: List[float] = []
-    for x in range(args.num_iters):
-        img_sec = args.batch_size * args.num_batches_per_iter / timed(args.num_batches_per_iter)
-        say("Iter #%d: %.1f img/sec per CPU", x, img_sec)
-        img_secs.append(img_sec)
-    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
-    say("Img/sec per CPU: %.1f +-%.1f", mean, conf)
-    say("Total img/sec on %d CPU(s): %.1f +-%.1f", size, size * mean, size * conf)
-    result = {"model": args.model, "parameters": n_params, "batch_size": args.batch_size, "size": size,
-              "img_sec_per_iter": img_secs, "img_sec_mean": mean, "img_sec_conf": conf, "total_img_sec": size * mean}
+    result = run_synthetic(benchmark_step, mx.nd.waitall, say, model=args.model,
+                           n_params=sum(p.data().size for p in params.values()), n_tensors=len(list(params.keys())),
+                           batch_size=args.batch_size, size=size, num_warmup_batches=args.num_warmup_batches,
+                           num_batches_per_iter=args.num_batches_per_iter, num_iters=args.num_iters)
     if args.json and rank == 0:
         Path(args.json).write_text(json.dumps(result))
     hvd.shutdown()

@@ -17,8 +17,7 @@ import argparse
 import json
 import logging
 import os
-import timeit
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
@@ -26,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from benchmarks.workers.synthetic_loop import run_synthetic
 
 log = logging.getLogger("jax_synthetic_benchmark")
 
@@ -138,36 +139,17 @@ def run(opts: argparse.Namespace) -> Dict[str, Any]:
     def benchmark_step() -> None:
         holder[0] = step(holder[0])
 
-    def timed(n: int) -> float:
-        start = timeit.default_timer()
-        for _ in range(n):
-            benchmark_step()
-        jax.block_until_ready(holder[0])
-        return timeit.default_timer() - start
-
     def say(msg: str, *a: Any) -> None:
         if rank == 0:
             print(msg % a, flush=True)
 
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(params))
-    say("Model: %s (%.2f M parameters, %d tensors)", opts.model, n_params / 1e6, len(jax.tree_util.tree_leaves(params)))
-    say("Batch size: %d", opts.batch_size)
-    say("Number of CPUs: %d", size)
-    say("Backend: %s", backend)
-    say("Running warmup...")
-    timed(opts.num_warmup_batches)
-    say("Running benchmark...")
-    img_secs: List[float] = []
-    for i in range(opts.num_iters):
-        img_sec = opts.batch_size * opts.num_batches_per_iter / timed(opts.num_batches_per_iter)
-        say("Iter #%d: %.1f img/sec per CPU", i, img_sec)
-        img_secs.append(img_sec)
-    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
-    say("Img/sec per CPU: %.1f +-%.1f", mean, conf)
-    say("Total img/sec on %d CPU(s): %.1f +-%.1f", size, size * mean, size * conf)
-    result = {"backend": opts.backend, "model": opts.model, "parameters": n_params, "size": size,
-              "batch_size": opts.batch_size, "img_sec_per_iter": img_secs, "img_sec_mean": mean,
-              "img_sec_conf": conf, "total_img_sec": size * mean}
+    leaves = jax.tree_util.tree_leaves(params)
+    result = run_synthetic(benchmark_step, lambda: jax.block_until_ready(holder[0]), say, model=opts.model,
+                           n_params=sum(int(np.prod(p.shape)) for p in leaves), n_tensors=len(leaves),
+                           batch_size=opts.batch_size, size=size, num_warmup_batches=opts.num_warmup_batches,
+                           num_batches_per_iter=opts.num_batches_per_iter, num_iters=opts.num_iters,
+                           extra_lines=[f"Backend: {backend}"])
+    result["backend"] = opts.backend
     if opts.json and rank == 0:
         with open(opts.json, "w") as f:
             json.dump(result, f)
