@@ -16,6 +16,7 @@ from horovod.common.elastic_rendezvous import WORKER_ID_ENV as ELASTIC_WORKER_EN
 from horovod.common.wire import SECRET_ENV
 
 from . import ssh
+from .common.util import network
 from .common.util.env import exportable_env
 from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
 from .common.util.network import is_local_host
@@ -26,8 +27,13 @@ from .rendezvous import RendezvousServer
 log = logging.getLogger("horovod.runner")
 
 
+# The topology variables the launcher gives each rank (slot_env); a nested launch drops inherited ones.
+RANK_VARIABLES = ("HOROVOD_HOSTNAME", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+                  "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE")
+
+
 def slot_env(slot: SlotInfo) -> Dict[str, str]:
-    """The topology variables of one rank."""
+    """The topology variables of one rank (the names in RANK_VARIABLES)."""
     return {
         "HOROVOD_HOSTNAME": slot.hostname,
         "HOROVOD_RANK": str(slot.rank),
@@ -97,6 +103,17 @@ def worker_spec(slot: SlotInfo, command: Sequence[str], base_env: Mapping[str, s
 def host_alloc_plan(settings: Settings) -> List[SlotInfo]:
     """Exactly ``num_proc`` slots from ``settings.hosts`` (ValueError when there are fewer)."""
     return get_host_assignments(parse_hosts(settings.hosts), settings.num_proc, settings.num_proc)
+
+
+def reach_hosts(settings: Settings, plan: Sequence[SlotInfo]) -> str:
+    """Check ssh to the plan's remote hosts (if any) and return the address at which the ranks reach the
+    launcher's rendezvous: the route to the remote hosts (or ``--network-interface``), else loopback."""
+    remote = network.filter_local_addresses(list(dict.fromkeys(slot.hostname for slot in plan)))
+    if not remote:
+        return "127.0.0.1"
+    log.info("Checking ssh on all remote hosts: %s", ", ".join(remote))
+    ssh.check_all_hosts_ssh(remote, settings.ssh_port, settings.ssh_identity_file, timeout=settings.start_timeout)
+    return network.get_driver_ip(settings.nics, remote)
 
 
 def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, str],

@@ -10,16 +10,17 @@ others (none is left behind) and :class:`JobLineFailedError` names the process, 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import List, Mapping, Optional, Sequence
 
 from .common.util.hosts import parse_host_files, parse_hosts
-from .common.util.network import filter_local_addresses, get_driver_ip, is_local_host
+from .common.util.network import is_local_host
 from .common.util.settings import Settings
-from .gloo_run import host_alloc_plan, job_env, worker_spec
+from .gloo_run import host_alloc_plan, launch_gloo, reach_hosts
 from .job_file import JobFile, RunLine
-from .process import JobFailedError, WorkerExit, format_failure, run_workers
+from .process import JobFailedError, WorkerExit, format_failure
 from .rendezvous import RendezvousServer
 
 log = logging.getLogger("horovod.runner")
@@ -113,30 +114,16 @@ def run_job(job: JobFile, settings: Settings, env: Mapping[str, str]) -> None:
     :func:`horovod.runner.process.run_workers` raises (interrupted, a process that could not start).
     """
     plan = host_alloc_plan(settings)
-    remote = filter_local_addresses(list(dict.fromkeys(slot.hostname for slot in plan)))
-    if remote:
-        from . import ssh
-
-        log.info("Checking ssh on all remote hosts: %s", ", ".join(remote))
-        ssh.check_all_hosts_ssh(remote, settings.ssh_port, settings.ssh_identity_file,
-                                timeout=settings.start_timeout)
-    rendezvous_addr = get_driver_ip(settings.nics, remote) if remote else "127.0.0.1"
+    rendezvous_addr = reach_hosts(settings, plan)
     log.info("%s: %d line(s) on %d process(es)", job.path, len(job.run), len(plan))
     for line in job.run:
         log.info("line %d of %d: %s", line.index, len(job.run), line.text)
+        output_dir = os.path.join(settings.output_filename, f"line.{line.index}") if settings.output_filename else None
         rendezvous = RendezvousServer(settings.verbose)
         rendezvous.start()
         try:
-            rendezvous.init(plan)
-            common = job_env(rendezvous_addr, rendezvous.port, settings)
-            specs = [worker_spec(slot, [SHELL, "-c", line.text], env, common, rendezvous.secret, settings)
-                     for slot in plan]
-            if settings.verbose:
-                for spec in specs:
-                    log.info("rank %d on %s: %s", spec.rank, spec.hostname, spec.display)
-            output_dir = (os.path.join(settings.output_filename, f"line.{line.index}")
-                          if settings.output_filename else None)
-            run_workers(specs, output_dir=output_dir, prefix_timestamp=settings.prefix_output_with_timestamp)
+            launch_gloo([SHELL, "-c", line.text], dataclasses.replace(settings, output_filename=output_dir), env,
+                        rendezvous, rendezvous_addr)
         except JobFailedError as exc:
             raise JobLineFailedError(exc.failure, line, job) from None
         finally:

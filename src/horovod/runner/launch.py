@@ -51,12 +51,8 @@ def make_parser(override_args: Set[str], explicit: Set[str]) -> argparse.Argumen
 
     Inside an LSF job or a Slurm allocation ``-np`` is optional: it defaults to the allocation's slots.
     """
-    parser = arguments.make_parser(override_args, explicit, _version())
-    if lsf.using_lsf() or slurm.using_slurm():
-        for action in parser._actions:
-            if action.dest == "np":
-                action.required = False
-    return parser
+    return arguments.make_parser(override_args, explicit, _version(),
+                                 np_optional=lsf.using_lsf() or slurm.using_slurm())
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -163,17 +159,17 @@ def _use_jsrun(args: Any) -> bool:
     with MPI), or no controller flag inside an LSF job where jsrun and MPI are installed."""
     from horovod.common import build
 
-    from . import js_run
-
     if getattr(args, "use_jsrun", None):
         if not lsf.using_lsf():
             raise ValueError(JSRUN_OUTSIDE_LSF)
         if not build.mpi_built():
             raise ValueError(JSRUN_NEEDS_MPI)
         return True
-    if getattr(args, "use_gloo", None) or getattr(args, "use_mpi", None):
+    if getattr(args, "use_gloo", None) or getattr(args, "use_mpi", None) or not lsf.using_lsf():
         return False
-    return lsf.using_lsf() and js_run.is_jsrun_installed() and build.mpi_built()
+    from . import js_run
+
+    return js_run.is_jsrun_installed() and build.mpi_built()
 
 
 def _run_elastic(args: Any) -> Optional[List[Any]]:
@@ -345,21 +341,13 @@ def _run_static(args: Any) -> Optional[List[Any]]:
         from . import srun_launch
 
         return srun_launch.launch(settings, _worker_base_env(args), command)
-    host_names = list(dict.fromkeys(slot.hostname for slot in plan))
-    remote_hosts = network.filter_local_addresses(host_names)
     use_jsrun = _use_jsrun(args)
     if use_jsrun:    # jsrun reaches the hosts through LSF, no ssh; the address is for horovod.run's results
+        remote_hosts = network.filter_local_addresses(list(dict.fromkeys(slot.hostname for slot in plan)))
         rendezvous_addr = ("127.0.0.1" if not remote_hosts or args.run_func is None
                            else network.get_driver_ip(settings.nics, remote_hosts))
-    elif remote_hosts:
-        from . import ssh
-
-        log.info("Checking ssh on all remote hosts: %s", ", ".join(remote_hosts))
-        ssh.check_all_hosts_ssh(remote_hosts, settings.ssh_port, settings.ssh_identity_file,
-                                timeout=settings.start_timeout)
-        rendezvous_addr = network.get_driver_ip(settings.nics, remote_hosts)
     else:
-        rendezvous_addr = "127.0.0.1"
+        rendezvous_addr = gloo_run.reach_hosts(settings, plan)
 
     env = _worker_base_env(args)
     use_mpi = bool(getattr(args, "use_mpi", None))

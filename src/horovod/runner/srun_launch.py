@@ -35,7 +35,7 @@ from . import mpi_run
 from .common.util import network
 from .common.util.hosts import SlotInfo
 from .common.util.settings import Settings
-from .gloo_run import host_alloc_plan, job_env
+from .gloo_run import RANK_VARIABLES, host_alloc_plan, job_env
 from .mpi_output import MpirunOutput
 from .process import (
     GRACE_SECONDS,
@@ -109,9 +109,7 @@ def srun_env(base_env: Mapping[str, str], common_env: Mapping[str, str], secret:
     """srun's environment, which it passes on to every task: the launcher's with the job's variables, the
     secret and the placement file. Rank variables a surrounding launcher left are dropped (each task sets
     its own)."""
-    env = {k: v for k, v in base_env.items()
-           if k not in ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-                        "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")}
+    env = {k: v for k, v in base_env.items() if k not in RANK_VARIABLES}
     env.update(common_env)
     env[SECRET_ENV] = secret
     env[HOSTFILE_ENV] = hostfile

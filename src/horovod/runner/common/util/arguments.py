@@ -179,14 +179,18 @@ class _Builder:
     }
 
 
-def make_parser(override_args: Set[str], explicit: Set[str], version: str) -> argparse.ArgumentParser:
+def make_parser(override_args: Set[str], explicit: Set[str], version: str,
+                np_optional: bool = False) -> argparse.ArgumentParser:
     """The ``horovodrun`` argument parser (upstream's flags, groups and defaults), from the option table.
 
     Flags that ``--config-file`` may override add their destination to ``override_args`` (cleared by
-    ``--config-file``) and to ``explicit`` when given.
+    ``--config-file``) and to ``explicit`` when given. ``np_optional``: ``-np`` is not required (inside an LSF
+    job or a Slurm allocation it defaults to the allocation's slots).
     """
     parser = argparse.ArgumentParser(description="Horovod Runner", prog="horovodrun")
     builder = _Builder(parser, override_args, explicit, version)
     for option in options.OPTIONS:
         builder.add(option)
+    if np_optional:
+        builder.actions["np"].required = False
     return parser
