@@ -51,6 +51,11 @@ DIRECT_ALLGATHER_BYTES = (4 << 20, 32 << 20)
 # One 64-byte record per rank after the slots: [pid, buffer address, buffer bytes, -, probe verdict, probe token x2]
 RECORD_WORDS = 8
 PID, ADDRESS, NBYTES, VERDICT, TOKEN = 0, 1, 2, 4, 5
+# After the records, the area of the engine's fast rounds (horovod/core/engine/fast_rounds.py): one shared line,
+# then per rank a header of FAST_HEADER_BYTES and two data slots of FAST_SLOT_BYTES.
+FAST_LINE_BYTES = 64
+FAST_HEADER_BYTES = 512
+FAST_SLOT_BYTES = 32 * 1024
 
 
 def _align_down(n: int, unit: int) -> int:
@@ -63,7 +68,8 @@ class ShmSegment:
     def __init__(self, comm: Comm, tag: str, chunk_bytes: int) -> None:
         self.comm = comm
         self.chunk = _align_down(chunk_bytes, ALIGN * max(1, comm.size))
-        self.nbytes = self.chunk * (comm.size + 1) + RECORD_WORDS * 8 * comm.size
+        self.records_end = self.chunk * (comm.size + 1) + RECORD_WORDS * 8 * comm.size
+        self.nbytes = self.records_end + FAST_LINE_BYTES + (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES) * comm.size
         path = f"/dev/shm/horovod-{tag}"
         if comm.rank == 0:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -95,6 +101,10 @@ class ShmSegment:
         """Rank ``rank``'s header record (uint64 words, see ``RECORD_WORDS``)."""
         start = (self.comm.size + 1) * self.chunk + rank * RECORD_WORDS * 8
         return self.raw[start:start + RECORD_WORDS * 8].view(np.uint64)
+
+    def fast_area(self) -> np.ndarray:
+        """The bytes of the engine's fast rounds (zeroed when the segment is made)."""
+        return self.raw[self.records_end:]
 
     def close(self) -> None:
         self.raw = None
@@ -451,6 +461,10 @@ class ShmBackend(Backend):
     def barrier(self) -> None:
         self._readers_pending = False
         self.comm.barrier()
+
+    def fast_area(self) -> np.ndarray:
+        """The shared bytes of the engine's fast rounds, the same on every local rank."""
+        return self.seg.fast_area()
 
     def close(self) -> None:
         self.seg.close()

@@ -176,6 +176,10 @@ _KNOBS = [
          "Plain `srun` without horovodrun: the file (in a directory every node sees) where rank 0 writes the job "
          "secret (0600, made with O_EXCL; its address goes to <file>.addr); unset = "
          "~/.horovod/slurm-<job id>.<step id>.key.", ours=True),
+    Knob("HOROVOD_FAST_ROUNDS", parse_bool, True,
+         "Let a small blocking allreduce agree and reduce through shared memory, without the coordinator, when "
+         "every rank is on one host and idle (docs/architecture.md); 0 sends every op through the coordinator.",
+         ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),

@@ -145,6 +145,7 @@ def _settings(topo: topology.Topology) -> EngineSettings:
         spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
         bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
         bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
+        fast_rounds=config.get("HOROVOD_FAST_ROUNDS"),
         affinity=_engine_core(topo))
 
 

@@ -7,7 +7,9 @@ other ranks (shapes, dtypes, roots agreeing) is checked by the coordinator.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import cloudpickle
@@ -24,6 +26,27 @@ Allocator = Callable[[tuple, np.dtype], np.ndarray]
 Allocators = Union[Allocator, Sequence[Allocator], None]
 _counters: Dict[int, Iterator[int]] = {}      # process set id -> numbers of its unnamed collectives
 _counted_generation: List[Optional[int]] = [None]   # the init whose collectives _counters numbers
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def blocking() -> Iterator[None]:
+    """Inside this block, the next allreduce this thread submits is one its caller waits for at once (the
+    bindings' blocking calls say so): a small one may then skip the coordinator (core/engine/fast_rounds.py).
+    Never wrap an async call whose handle is kept: its op could then hold up the other ranks until waited on."""
+    _thread.blocking = True
+    try:
+        yield
+    finally:
+        _thread.blocking = False
+
+
+def _take_blocking() -> bool:
+    """Whether the caller promised to wait at once (see :func:`blocking`); the promise covers one op."""
+    if getattr(_thread, "blocking", False):
+        _thread.blocking = False
+        return True
+    return False
 
 
 def next_id(process_set: Optional[ProcessSet] = None) -> int:
@@ -124,7 +147,11 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
         output = output_pool.empty_like(tensor)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor)
-    engine.enqueue([Entry(request, tensor, output, handle)])
+    entry = Entry(request, tensor, output, handle)
+    if _take_blocking():
+        engine.submit_blocking(entry)
+    else:
+        engine.enqueue([entry])
     return handle
 
 

@@ -27,8 +27,9 @@ def allreduce(name: Optional[str], op: ReduceOp, prescale_factor: float, postsca
     """Allreduce one array (``grouped`` False) or a list of arrays as one fused unit."""
     def run(*arrays: np.ndarray) -> List[np.ndarray]:
         if not grouped:
-            return [ops.allreduce_async(arrays[0], None, _name("allreduce", name, process_set), op,
-                                        prescale_factor, postscale_factor, process_set).wait()]
+            with ops.blocking():
+                return [ops.allreduce_async(arrays[0], None, _name("allreduce", name, process_set), op,
+                                            prescale_factor, postscale_factor, process_set).wait()]
         return list(ops.grouped_allreduce_async(arrays, None, _name("grouped_allreduce", name, process_set), op,
                                                 prescale_factor, postscale_factor, process_set).wait())
     return run

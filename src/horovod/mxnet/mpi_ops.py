@@ -60,8 +60,9 @@ def _allreduce(tensors: List[mx.nd.NDArray], in_place: bool, what: str, average:
             ops.grouped_allreduce_async(inputs, results, full_name, op, prescale_factor, postscale_factor,
                                         process_set).wait()
         else:
-            ops.allreduce_async(inputs[0], results[0], full_name, op, prescale_factor, postscale_factor,
-                                process_set).wait()
+            with ops.blocking():
+                ops.allreduce_async(inputs[0], results[0], full_name, op, prescale_factor, postscale_factor,
+                                    process_set).wait()
     if in_place:
         return [_t.write_back(o, t) for o, t in zip(outputs, tensors)]
     return [_t.like(o, t) for o, t in zip(outputs, tensors)]

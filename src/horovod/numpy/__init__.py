@@ -65,7 +65,9 @@ def allreduce(tensor: _np.ndarray, average: Optional[bool] = None, name: Optiona
               op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> _np.ndarray:
     """Reduce ``tensor`` across ranks (Average by default) and return the result as a new array."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    with _ops.blocking():
+        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                           process_set))
 
 
 def allreduce_async_(tensor: _np.ndarray, average: Optional[bool] = None, name: Optional[str] = None,
@@ -81,7 +83,9 @@ def allreduce_(tensor: _np.ndarray, average: Optional[bool] = None, name: Option
                op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> _np.ndarray:
     """Reduce ``tensor`` across ranks in place and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    with _ops.blocking():
+        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                            process_set))
 
 
 def grouped_allreduce_async(tensors: Sequence[_np.ndarray], average: Optional[bool] = None,

@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from horovod.common.types import Average, ReduceOp, Sum
+from horovod.core import ops
 from horovod.core.basics import rank
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.async_ops import (
@@ -36,7 +37,9 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
                op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Allreduce ``tensor`` in place (Average by default) and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    with ops.blocking():
+        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                                            process_set))
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -46,7 +49,9 @@ class HorovodAllreduce(torch.autograd.Function):
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
         ctx.average, ctx.op = average, op
         ctx.prescale_factor, ctx.postscale_factor, ctx.process_set = prescale_factor, postscale_factor, process_set
-        return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+        with ops.blocking():
+            return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
+                                               process_set))
 
     @staticmethod
     def backward(ctx, grad_output):

@@ -106,6 +106,9 @@ class Coordinator:
         self._join_done = False
         self.timeline: Optional[Timeline] = None      # set on the coordinator while a timeline records
         self.progress = 0       # grows with every request taken and every response list emitted
+        # Tensors that ranks wait on in a fast round (engine/fast_rounds.py), which the coordinator never sees
+        # requested: name -> (first seen, ranks waiting). Only the stall inspector looks at them.
+        self._parked: Dict[str, Tuple[float, Set[int]]] = {}
 
     # ----------------------------------------------------------------- intake
     def add_request(self, rank: int, request: list) -> None:
@@ -170,6 +173,20 @@ class Coordinator:
                 else:
                     entry.waiting.add(rank)
 
+    def park(self, rank: int, name: str, waited: float) -> None:
+        """``rank`` has waited ``waited`` seconds on ``name``'s fast round, which some rank has not joined yet."""
+        since, ranks = self._parked.get(name, (time.monotonic() - waited, set()))
+        ranks.add(rank)
+        self._parked[name] = (min(since, time.monotonic() - waited), ranks)
+
+    def unpark(self, rank: int, name: str) -> None:
+        """``name``'s fast round closed for ``rank``."""
+        parked = self._parked.get(name)
+        if parked is not None:
+            parked[1].discard(rank)
+            if not parked[1]:
+                del self._parked[name]
+
     def unmark_waiting(self, rank: int, names) -> None:
         """``rank`` no longer blocks on these tensors (its timed wait ran out and was not resumed)."""
         pending = self._pending
@@ -207,11 +224,12 @@ class Coordinator:
 
     def pending_names(self) -> List[Tuple[str, float, List[int]]]:
         """(name, first_seen, ranks that submitted) for tensors still waiting for some rank."""
-        return [(n, e.first_seen, sorted(e.requests)) for n, e in self._pending.items() if n not in self._ready]
+        pending = [(n, e.first_seen, sorted(e.requests)) for n, e in self._pending.items() if n not in self._ready]
+        return pending + [(n, since, sorted(ranks)) for n, (since, ranks) in self._parked.items()]
 
     def has_partial(self) -> bool:
         """True while some tensor has been submitted by some ranks but not yet by all."""
-        return len(self._pending) > len(self._ready)
+        return len(self._pending) > len(self._ready) or bool(self._parked)
 
     def has_ready(self) -> bool:
         return bool(self._ready) or self._join_done

@@ -2,8 +2,9 @@
 
 Messages are lists (see :mod:`horovod.common.wire`) whose first element says what they are:
 
-- worker -> coordinator: ``R`` requests, ``W``/``U`` a wait begins/is taken back, ``X`` this rank shuts down,
-  ``A`` this rank aborts (with the reason);
+- worker -> coordinator: ``R`` requests, ``W``/``U`` a wait begins/is taken back, ``P``/``Q`` a wait on a fast
+  round begins (with the seconds waited so far)/ends, ``X`` this rank shuts down, ``A`` this rank aborts (with
+  the reason);
 - coordinator -> workers: ``L`` a response list to apply, ``S`` shut down, ``A`` abort, ``D`` a deadlock report.
 """
 from __future__ import annotations

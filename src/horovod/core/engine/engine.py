@@ -36,7 +36,7 @@ from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
-from horovod.core.engine import loops
+from horovod.core.engine import fast_rounds, loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
@@ -100,6 +100,9 @@ class Engine:
         self.lock = threading.Lock()
         self.queue: collections.deque[Entry] = collections.deque()
         self.table: Dict[str, Entry] = {}
+        self.fast = self._fast_rounds(backend)
+        self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
+        self.parks: List[tuple] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
         self.last_activity = 0.0
@@ -147,29 +150,94 @@ class Engine:
         """The first observer of class ``kind`` watching this engine, if any."""
         return next((o for o in self.hooks.all if isinstance(o, kind)), None)
 
+    def _fast_rounds(self, backend: Backend) -> Optional[fast_rounds.FastRounds]:
+        """Fast rounds when every rank of the set shares this host's segment (see fast_rounds.py)."""
+        area = getattr(backend, "fast_area", None)
+        if area is None or self.size < 2 or not self.settings.fast_rounds or not fast_rounds.supported():
+            return None
+        return fast_rounds.FastRounds(area(), self.rank, self.size, self.ranks)
+
     def enqueue(self, entries: List[Entry]) -> None:
         """Submit entries (all or none); ValueError for a name already in flight on this rank."""
+        self._admit(entries, post=True)
+
+    def submit_blocking(self, entry: Entry) -> None:
+        """Submit one collective whose caller waits for it right away (a blocking call, never an async one).
+
+        A small allreduce may then run as a fast round: agreed and reduced through shared memory, its handle
+        complete when this returns. Otherwise, or when the round does not match, it goes the usual way.
+        """
+        fast = self.fast
+        key = None
+        if fast is not None and entry.tensor is not None and not self.hooks.batch:
+            key = fast_rounds.key_of(entry.request, entry.tensor.nbytes)
+        if key is None:
+            self.enqueue([entry])
+            return
+        with self.lock:
+            # Idle: everything this rank submitted before was emitted by the coordinator, so every peer has
+            # submitted it too (fast_rounds.py says why a round then always closes).
+            if (self.state is not EngineState.RUNNING or self.table or self.queue or self.fast_entry is not None
+                    or not fast.can_post_fast()):
+                k = 0
+            else:
+                k = fast.post_fast(entry, key)
+                self.fast_entry = entry
+        if not k:
+            self.enqueue([entry])
+            return
+        fast.ring()
+        try:
+            matched = fast.resolve(k, key, entry, self)
+        except HorovodInternalError as exc:
+            with self.lock:
+                self.fast_entry = None
+            entry.handle.set_error(exc)
+            return
+        if matched:
+            with self.lock:
+                self.fast_entry = None
+            entry.handle.set_result(entry.index, entry.output)
+            return
+        self._admit([entry], post=False)        # the round did not match: the coordinator decides
+
+    def _admit(self, entries: List[Entry], post: bool) -> None:
+        """Put entries in the table and send their requests; ``post``: record the submission for the fast
+        rounds (False for an op whose fast round did not match: it was recorded then)."""
+        fast = self.fast
         with self.lock:
             if self.state is EngineState.STOPPED:
+                if not post:
+                    self.fast_entry = None
                 for entry in entries:
                     entry.handle.set_error(HorovodInternalError(str(self.error)))
                 return
             names = set()
+            pending = self.fast_entry if post else None
             for entry in entries:
                 name = entry.name
-                if name in self.table or name in names:
+                if name in self.table or name in names or (pending is not None and pending.name == name):
                     op = RequestType(entry.request[1]).name.lower()
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=name))
                 names.add(name)
+            if fast is not None:
+                if post:
+                    fast.post_slow(seal=entries[0].request[1] == RequestType.JOIN)
+                else:
+                    self.fast_entry = None
             notice = self.waits.notice
             for entry in entries:
                 self.table[entry.name] = entry
                 entry.handle.names.append(entry.name)
                 entry.handle.on_wait = notice
-            if self.coordinator is not None:
+            on_rank_0 = self.coordinator is not None
+            if on_rank_0:
                 self.queue.extend(entries)
                 self.wake_if_sleeping()
-                return
+        if post and fast is not None:
+            fast.ring()            # a peer waiting on its fast round may now see this record
+        if on_rank_0:
+            return
         # A worker forwards requests to the coordinator from the calling thread: no engine wake-up on the
         # critical path. The send happens outside the table lock, so that a full socket buffer can never block
         # the engine thread (which needs the lock to execute). A send failure means the coordinator is gone:
@@ -178,6 +246,26 @@ class Engine:
             self.control.send_to_coordinator(["R", [e.request for e in entries]])
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
+
+    def park(self, entry: Entry, since: float) -> None:
+        """Tell the coordinator that this rank has waited on ``entry``'s fast round since ``since`` (monotonic
+        time), so that its stall inspector counts the tensor as submitted by this rank and not by the others."""
+        self._tell_parked(True, entry.name, time.monotonic() - since)
+
+    def unpark(self, entry: Entry) -> None:
+        """The fast round that :meth:`park` reported has closed."""
+        self._tell_parked(False, entry.name, 0.0)
+
+    def _tell_parked(self, parked: bool, name: str, waited: float) -> None:
+        if self.coordinator is not None:
+            with self.lock:
+                self.parks.append((parked, name, waited))
+                self.wake_if_sleeping()
+            return
+        try:
+            self.control.send_to_coordinator(["P", name, waited] if parked else ["Q", name])
+        except PeerLostError:
+            pass                        # the engine thread reports the lost coordinator
 
     def in_flight(self) -> List[str]:
         """The names of the collectives submitted on this rank and not completed yet."""
@@ -259,7 +347,7 @@ class Engine:
         now = time.perf_counter()
         spin_until = self.last_activity + self.spin_s
         while now < spin_until:
-            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes:
+            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes or self.parks:
                 return []
             events = selector.select(0)
             if events:
@@ -268,7 +356,7 @@ class Engine:
                 return []
             now = time.perf_counter()
         with self.lock:
-            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes:
+            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes or self.parks:
                 return []
             self.sleeping = True
         events = selector.select(timeout)
@@ -404,6 +492,20 @@ class Engine:
         self.control.send_abort(reason)
         self.fail_all(HorovodInternalError(reason))
 
+    def _close_fast_rounds(self) -> None:
+        """Drop the fast rounds' views of the shared segment once no caller is inside a round (a waiter sees the
+        engine stopped within ``fast_rounds.SLICE_SECONDS``); a round still open keeps them, and the mapping."""
+        fast = self.fast
+        if fast is None:
+            return
+        deadline = time.monotonic() + 4 * fast_rounds.SLICE_SECONDS
+        while self.fast_entry is not None and time.monotonic() < deadline:
+            time.sleep(fast_rounds.SLICE_SECONDS / 5)
+        with self.lock:
+            if self.fast_entry is None:
+                self.fast = None
+                fast.close()
+
     def _close(self) -> None:
         for observer in self.hooks.all:
             try:
@@ -418,6 +520,7 @@ class Engine:
                 sock.close()
             except OSError:
                 pass
+        self._close_fast_rounds()
         if self._on_close is not None:
             try:
                 self._on_close()

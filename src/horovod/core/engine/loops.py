@@ -77,6 +77,12 @@ def _take_local(engine: Engine) -> Optional[float]:
     with engine.lock:
         entries = engine.drain()
         notes = engine.waits.take_notes()
+        parks, engine.parks = engine.parks, []
+    for parked, name, waited in parks:
+        if parked:
+            coord.park(0, name, waited)
+        else:
+            coord.unpark(0, name)
     for entry in entries:
         coord.add_request(0, entry.request)
     if notes:
@@ -101,6 +107,10 @@ def _from_worker(engine: Engine, peer: int, msg: list) -> None:
         engine.active()
     elif kind == "U":
         coord.unmark_waiting(peer, msg[1])
+    elif kind == "P":
+        coord.park(peer, msg[1], msg[2])
+    elif kind == "Q":
+        coord.unpark(peer, msg[1])
     elif kind == "A":
         raise HorovodInternalError(msg[1])
 

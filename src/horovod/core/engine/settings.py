@@ -40,6 +40,7 @@ class EngineSettings:
     align_threshold: Callable[[int], int] = _same     # a fusion threshold the autotuner proposes, made usable
     wait_lapse_s: float = dataclasses.field(default_factory=lapse_seconds)
     hosts: Optional[List[str]] = None        # each rank's host, for error messages
+    fast_rounds: bool = True                 # small blocking allreduces may skip the coordinator (fast_rounds.py)
 
     def hold_seconds(self) -> float:
         """How long the coordinator may hold a ready tensor nobody waits on: the cycle time or the bucket window."""

@@ -1,0 +1,218 @@
+"""Fast rounds: a small blocking allreduce that skips the coordinator when every rank is idle.
+
+A lone small allreduce spends most of its time on hand-offs: the caller to the engine thread, the request to rank
+0's engine thread and its answer back, a barrier on the data plane (docs/benchmarks.md, issue 15). When ranks
+share a host (the shm plane), the caller can agree with its peers directly, through shared memory, and reduce
+itself.
+
+**Records.** Every submission on every rank posts one record into the rank's header in the shared area, under the
+engine lock, numbered 1, 2, 3 ... per rank. A record is FAST (a key naming the op: tensor name, dtype, shape, op and
+scale factors, and the input already copied into the rank's slot) when the op is one allreduce submitted by a
+call that waits for it at once, small enough for a slot, while the coordinator has emitted everything this rank
+submitted before; SLOW otherwise. Round k is *matched* when every rank's k-th record is FAST with the same key: then every rank reduces
+all slots, in rank order, into its output, and no message is sent. Otherwise every rank whose k-th record was FAST
+hands its op to the coordinator, as every other op goes. All ranks read the same k-th records, so they reach the
+same verdict.
+
+**Why a round always closes.** A rank posts FAST at record k only when the coordinator has emitted all its
+earlier submissions. Each of those needed every peer's request, so each peer has at least k - 1 records. A peer
+with exactly k - 1 has had everything it submitted emitted too, so nothing it waits on needs the waiting rank's
+caller (its engine thread runs the data plane meanwhile), and its next submission, whatever it is, closes round
+k. Ranks count alike because every submission is a collective; a join breaks that, which is why it seals. A rank that submitted a join posts SLOW for ever (it is
+*sealed*), and then nobody posts FAST again in this process set.
+
+**Reuse.** Each rank has two buffers (record key and slot), for even and odd rounds. A buffer is reused only
+after every peer that read it has said it is done (each rank publishes the last round it resolved); until then
+the owner posts SLOW rather than wait, because a reader may be waiting, through the coordinator, for the op
+this rank is about to submit. In a loop of blocking calls a peer resolves round k before it posts round k + 1,
+so the buffer of round k is always free again at round k + 2.
+
+**Waiting** sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every post. A
+waiter wakes at least every ``SLICE_SECONDS`` to see whether the engine stopped (an abort, a shutdown, a lost
+peer: the call then fails with the engine's reason, as a handle would), and after ``PARK_AFTER_SECONDS`` tells the coordinator which tensor it waits on, so that the stall
+inspector reports a rank that never comes exactly as it does for ops that went through the coordinator.
+
+Memory order: every word is written by its owner only, data before key before round before count, and read in
+the opposite order; x86-64 keeps stores in order and loads in order, which is all this needs. Other
+architectures take the coordinator path (:func:`supported`).
+"""
+from __future__ import annotations
+
+import platform
+import time
+from typing import TYPE_CHECKING, List, Optional
+
+import numpy as np
+
+from horovod.backends import doorbell
+from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
+from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import ReduceOp, RequestType, numpy_dtype
+from horovod.core.controller.messages import R_DTYPE, R_GROUP, R_NAME, R_OP, R_POST, R_PRE, R_SHAPE, R_TYPE
+from horovod.core.engine.state import EngineState
+
+if TYPE_CHECKING:
+    from horovod.core.engine.engine import Engine, Entry
+
+SLICE_SECONDS = 0.05
+PARK_AFTER_SECONDS = 0.5
+# Header words (uint64) of each rank: FAST_ROUND and KEY_LENGTH have one word per buffer (even and odd rounds).
+# The buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
+COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH = 0, 1, 2, 3, 5
+KEY_OFFSET = 64
+KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
+_OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
+
+
+def supported() -> bool:
+    """Fast rounds need a futex and x86-64's ordering of plain stores and loads."""
+    return doorbell.available() and platform.machine() == "x86_64"
+
+
+def key_of(request: list, nbytes: int) -> Optional[bytes]:
+    """What must be equal on every rank for a matched round, or None when the op cannot go fast."""
+    if request[R_TYPE] != RequestType.ALLREDUCE or nbytes > FAST_SLOT_BYTES or request[R_GROUP]:
+        return None
+    if ReduceOp(request[R_OP]) not in _OPS:
+        return None
+    key = (f"{request[R_NAME]}|{request[R_DTYPE]}|{list(request[R_SHAPE])}|{request[R_OP]}|"
+           f"{float(request[R_PRE])!r}|{float(request[R_POST])!r}").encode()
+    return key if len(key) <= KEY_ROOM else None
+
+
+class FastRounds:
+    """This rank's side of the fast rounds of one process set whose ranks all share this host."""
+
+    def __init__(self, area: np.ndarray, rank: int, size: int, ranks: List[int]) -> None:
+        self.rank, self.size, self.ranks = rank, size, ranks
+        self.bell = doorbell.Doorbell(area[:4].view(np.uint32))
+        stride = FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES
+        bases = [FAST_LINE_BYTES + r * stride for r in range(size)]
+        self.headers = [area[b:b + FAST_HEADER_BYTES] for b in bases]
+        self.words = [h[:KEY_OFFSET].view(np.uint64) for h in self.headers]
+        self.slots = [[area[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES:b + FAST_HEADER_BYTES + (i + 1) * FAST_SLOT_BYTES]
+                       for i in range(2)] for b in bases]
+        self.peers = [r for r in range(size) if r != rank]
+        self.count = 0                  # records this rank posted
+        # Per buffer (even and odd rounds): the round of this rank's last FAST record there, and the peers that
+        # read it (and its slot) until they resolve that round.
+        self.last_fast = [0, 0]
+        self.readers: List[List[int]] = [[], []]
+        self.off = False                # a rank joined: nobody posts FAST any more
+        self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
+
+    def close(self) -> None:
+        """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
+        self.off = True
+        self.bell = None
+        self.headers, self.words, self.slots = [], [], []
+
+    def ring(self) -> None:
+        """Wake the peers waiting on a round (a no-op once closed)."""
+        bell = self.bell
+        if bell is not None:
+            bell.ring()
+
+    # ------------------------------------------------------------------ posting (engine lock held)
+    def can_post_fast(self) -> bool:
+        """Whether this rank may post a FAST record now: no rank joined, and the buffer the next round would use
+        is no longer read by anyone. (Never wait for those readers instead: they may be waiting, through the
+        coordinator, for the very op this rank is about to submit.)"""
+        if self.off:
+            return False
+        words = self.words
+        if any(words[p][SEALED] for p in self.peers):
+            self.off = True
+            return False
+        b = (self.count + 1) % 2
+        last = self.last_fast[b]
+        return all(words[p][RESOLVED] >= last for p in self.readers[b])
+
+    def post_fast(self, entry: Entry, key: bytes) -> int:
+        """Post this rank's next record as FAST for ``entry``: its input goes into the round's slot; returns the
+        round."""
+        k = self.count + 1
+        b = k % 2
+        tensor = entry.tensor.reshape(-1)
+        scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
+                    float(entry.request[R_PRE]))
+        mine = self.words[self.rank]
+        at = KEY_OFFSET + b * KEY_ROOM
+        self.headers[self.rank][at:at + len(key)] = np.frombuffer(key, np.uint8)
+        mine[KEY_LENGTH + b] = len(key)
+        mine[FAST_ROUND + b] = k
+        mine[COUNT] = self.count = k
+        self.last_fast[b] = k
+        return k
+
+    def post_slow(self, seal: bool = False) -> None:
+        """Post this rank's next record as SLOW; ``seal`` (a join) makes every later one SLOW too."""
+        mine = self.words[self.rank]
+        if seal:
+            mine[SEALED] = 1
+            self.off = True
+        self.count += 1
+        mine[COUNT] = self.count
+
+    # ------------------------------------------------------------------ a round
+    def resolve(self, k: int, key: bytes, entry: Entry, engine: Engine) -> bool:
+        """Wait for every peer's k-th record; when all match, reduce into ``entry.output`` and return True.
+
+        False: the round did not match, and the op must go to the coordinator. Raises HorovodInternalError when
+        the engine stops meanwhile.
+        """
+        self._wait_for_round(k, entry, engine)
+        words, headers = self.words, self.headers
+        b = k % 2
+        at = KEY_OFFSET + b * KEY_ROOM
+        fast = [p for p in self.peers if words[p][COUNT] >= k and words[p][FAST_ROUND + b] == k]
+        matched = len(fast) == len(self.peers) and all(
+            int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)].tobytes() == key
+            for p in fast)
+        if matched:
+            self._reduce(entry, b)
+            self.matched += 1
+        self.readers[b] = fast
+        words[self.rank][RESOLVED] = k
+        return matched
+
+    def _posted(self, peer: int, k: int) -> bool:
+        words = self.words[peer]
+        return bool(words[COUNT] >= k or words[SEALED])
+
+    def _wait_for_round(self, k: int, entry: Entry, engine: Engine) -> None:
+        missing = [p for p in self.peers if not self._posted(p, k)]
+        if not missing:
+            return
+        bell, started, parked = self.bell, time.monotonic(), False
+        try:
+            while True:
+                seen = bell.value()
+                missing = [p for p in missing if not self._posted(p, k)]
+                if not missing:
+                    return
+                if engine.state is EngineState.STOPPED:   # with the reason an aborting engine found, as handles
+                    raise HorovodInternalError(str(engine.error))
+                bell.sleep(seen, SLICE_SECONDS)
+                if not parked and time.monotonic() - started > PARK_AFTER_SECONDS:
+                    parked = True
+                    engine.park(entry, started)
+        finally:
+            if parked:
+                engine.unpark(entry)
+
+    def _reduce(self, entry: Entry, b: int) -> None:
+        request = entry.request
+        dtype = numpy_dtype(request[R_DTYPE])
+        out = entry.output.reshape(-1)
+        n = out.nbytes
+        slots = [s[b][:n].view(dtype) for s in self.slots]
+        op = ReduceOp(request[R_OP])
+        postscale = float(request[R_POST])
+        if op == ReduceOp.AVERAGE:
+            op, postscale = ReduceOp.SUM, postscale / self.size
+        combine(out, slots[0], slots[1], op)
+        for r in range(2, self.size):
+            reduce_into(out, slots[r], op)
+        scale_inplace(out, postscale)

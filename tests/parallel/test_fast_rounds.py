@@ -1,0 +1,137 @@
+"""Fast rounds (core/engine/fast_rounds.py): small blocking allreduces agreed and reduced through shared memory.
+
+Runs first in its job (test_parallel_suite.py): a join seals the fast rounds for the rest of the job. Where the
+job has no fast rounds (one rank, several hosts, HOROVOD_FAST_ROUNDS=0), every body still checks its results,
+which then come through the coordinator.
+"""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import horovod.numpy as hvd
+from horovod.backends.shm import FAST_SLOT_BYTES
+from horovod.common.exceptions import HorovodInternalError
+from horovod.core import basics, ops
+
+
+def _fast():
+    return basics.engine_for(None).fast
+
+
+def _matched() -> int:
+    fast = _fast()
+    return fast.matched if fast is not None else 0
+
+
+def _expect_fast(before: int, rounds: int = 1) -> None:
+    """With fast rounds on, exactly ``rounds`` more ran fast on this rank."""
+    if _fast() is not None:
+        assert _matched() == before + rounds, f"{_matched() - before} of {rounds} rounds ran fast"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
+@pytest.mark.parametrize("op", ["sum", "average", "min", "max", "product"])
+def test_every_op_gives_the_coordinators_numbers(dtype, op):
+    rank = hvd.rank()
+    reduce_op = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+                 "product": hvd.Product}[op]
+    x = (np.arange(1, 65) % 5 + rank + 1).astype(dtype)
+    before = _matched()
+    fast = hvd.allreduce(x, op=reduce_op, name=f"fr.{op}.{np.dtype(dtype).name}")
+    _expect_fast(before)
+    with_coordinator = ops.allreduce_async(x, name=f"fr.slow.{op}.{np.dtype(dtype).name}", op=reduce_op).wait()
+    np.testing.assert_array_equal(fast, with_coordinator)
+    assert fast.dtype == x.dtype and fast.shape == x.shape
+
+
+def test_scale_factors_and_in_place():
+    rank, size = hvd.rank(), hvd.size()
+    x = np.full((4, 8), rank + 1, np.float32)
+    before = _matched()
+    hvd.allreduce_(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0, name="fr.scaled")
+    _expect_fast(before)
+    np.testing.assert_allclose(x, np.full((4, 8), 0.5 * 4.0 * size * (size + 1) / 2))
+
+
+def test_a_slot_sized_op_goes_fast_and_a_larger_one_does_not():
+    size = hvd.size()
+    fits = np.ones(FAST_SLOT_BYTES // 4, np.float32)
+    before = _matched()
+    np.testing.assert_array_equal(hvd.allreduce(fits, op=hvd.Sum, name="fr.fits"), np.full_like(fits, size))
+    _expect_fast(before)
+    big = np.ones(FAST_SLOT_BYTES // 4 + 1, np.float32)
+    np.testing.assert_array_equal(hvd.allreduce(big, op=hvd.Sum, name="fr.big"), np.full_like(big, size))
+    _expect_fast(before + (1 if _fast() is not None else 0), 0)
+
+
+def test_many_rounds_in_a_row_stay_fast_and_correct():
+    rank, size = hvd.rank(), hvd.size()
+    before = _matched()
+    for i in range(200):
+        got = hvd.allreduce(np.array([rank + i], np.int64), op=hvd.Sum, name="fr.loop")
+        assert int(got[0]) == size * i + size * (size - 1) // 2, (i, got)
+    _expect_fast(before, 200)
+
+
+def test_a_rank_with_an_op_in_flight_sends_the_round_to_the_coordinator():
+    """Rank 0 still has an async op in flight, so its records say SLOW; the others' fast round does not match,
+    and they hand it to the coordinator. The async op was submitted after the blocking one on the other ranks:
+    the coordinator matches by name, as it always did."""
+    rank, size = hvd.rank(), hvd.size()
+    x = np.full(8, rank + 1.0)
+    if rank == 0:
+        handle = ops.allreduce_async(x, name="fr.async", op=hvd.Sum)
+        blocking = hvd.allreduce(x, op=hvd.Sum, name="fr.blocking")
+        early = handle.wait()
+    else:
+        blocking = hvd.allreduce(x, op=hvd.Sum, name="fr.blocking")
+        early = ops.allreduce_async(x, name="fr.async", op=hvd.Sum).wait()
+    total = size * (size + 1) / 2
+    np.testing.assert_array_equal(blocking, np.full(8, total))
+    np.testing.assert_array_equal(early, np.full(8, total))
+    before = _matched()                 # afterwards the ranks count alike again: the next round is fast
+    hvd.allreduce(x, op=hvd.Sum, name="fr.after")
+    _expect_fast(before)
+
+
+def test_different_shapes_still_get_the_coordinators_error():
+    rank, size = hvd.rank(), hvd.size()
+    if size == 1:
+        pytest.skip("a shape mismatch needs two ranks")
+    expected = r"Mismatched ALLREDUCE tensor shapes for tensor .allreduce.fr.shapes.: rank 0 sent \[4\]; rank 1 sent \[5\]"
+    with pytest.raises(HorovodInternalError, match=expected):
+        hvd.allreduce(np.ones(4 + rank, np.float32), op=hvd.Sum, name="fr.shapes")
+    before = _matched()
+    hvd.allreduce(np.ones(2), op=hvd.Sum, name="fr.after.shapes")
+    _expect_fast(before)
+
+
+def test_two_threads_per_rank_in_any_order():
+    """Each rank runs two threads of blocking allreduces on distinct names, plus async ones, in its own
+    interleaving: records no longer line up, rounds fall back to the coordinator, and every result is right."""
+    rank, size = hvd.rank(), hvd.size()
+    errors = []
+
+    def work(tag: str) -> None:
+        try:
+            for i in range(30):
+                got = hvd.allreduce(np.array([rank + i], np.float64), op=hvd.Sum, name=f"fr.thread.{tag}.{i}")
+                assert got[0] == size * i + size * (size - 1) / 2
+                if i % 7 == 0:
+                    h = ops.allreduce_async(np.ones(3), name=f"fr.thread.async.{tag}.{i}", op=hvd.Sum)
+                    assert h.wait().tolist() == [size] * 3
+                if rank == 0 and i % 5 == 0:
+                    time.sleep(0.002)
+        except Exception as exc:        # reported below, on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    hvd.barrier()
