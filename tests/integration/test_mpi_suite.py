@@ -54,14 +54,14 @@ def lines_of(result, np_):
 
 
 # ---------------------------------------------------------------------------------------------- core files
-@pytest.mark.parametrize("np_", [2, 3, 4])
+@pytest.mark.parametrize("np_", [3, 4])
 def test_core_files_under_mpirun_on_the_mpi_plane(np_):
     # One job per rank count runs every core file (start-up is much of a small job's time).
     run_parallel_tests(np_, CORE, env=FORCE_MPI, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,
                        launcher="mpirun")
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])
 def test_adasum_files_under_mpirun_on_the_mpi_plane(np_):
     # Upstream's own Adasum tests run only when hvd.mpi_enabled(): every binding's Adasum under mpirun.
     files = [f for f, framework in ADASUM if importlib.util.find_spec(framework) is not None]
@@ -81,7 +81,7 @@ def test_core_files_under_mpirun_at_one_rank():
                        pytest_args=PER_TEST_TIMEOUT, launcher="mpirun")
 
 
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_", [3])
 def test_main_files_under_horovodrun_mpi(np_):
     # One job per rank count runs every main file, as for mpirun above.
     result = run_parallel_tests(np_, MAIN, env=FORCE_MPI, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,

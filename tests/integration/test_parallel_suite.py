@@ -13,7 +13,11 @@ pytestmark = pytest.mark.timeout(480)
 
 # The framework bindings have suites of their own (e.g. test_torch_suite.py); this one runs the core files.
 FRAMEWORK_PREFIXES = ("test_torch_", "test_tensorflow_", "test_keras_", "test_jax_", "test_mxnet_")
-FILES = sorted(p.name for p in PARALLEL.glob("test_*.py") if not p.name.startswith(FRAMEWORK_PREFIXES))
+# test_fast_rounds.py goes first: a join (test_adasum.py, test_join_barrier.py) turns the fast rounds off for the
+# rest of a job, and it checks that its rounds run fast.
+FIRST = ["test_fast_rounds.py"]
+FILES = FIRST + sorted(p.name for p in PARALLEL.glob("test_*.py")
+                       if not p.name.startswith(FRAMEWORK_PREFIXES) and p.name not in FIRST)
 JOB_TIMEOUT = 180
 FILES_JOB_TIMEOUT = 420                    # one job runs every file
 PER_TEST_TIMEOUT = ["--timeout=20"]
@@ -57,6 +61,7 @@ def test_parallel_tcp_data_plane():
     {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"},
     {"HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "5", "HOROVOD_CACHE_CAPACITY": "4"},
     {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", EXPECT: "tcp"},   # the ring path, every size
-], ids=["small_shm_chunks", "no_fusion_no_cache", "group_fusion_off_tiny_cache", "tcp_ring_only"])
+    {"HOROVOD_FAST_ROUNDS": "0"},                   # small blocking allreduces through the coordinator too
+], ids=["small_shm_chunks", "no_fusion_no_cache", "group_fusion_off_tiny_cache", "tcp_ring_only", "no_fast_rounds"])
 def test_parallel_knob_variants(env):
     run_parallel_tests(3, "test_allreduce.py", env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)

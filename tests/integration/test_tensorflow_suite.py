@@ -1,5 +1,6 @@
-"""Run every horovod.tensorflow body in tests/parallel (test_tensorflow_*.py) at 1, 2 and 3 ranks through the
-launcher (3 catches non-power-of-2 and uneven-split bugs).
+"""Run every horovod.tensorflow body in tests/parallel (test_tensorflow_*.py) at 1 and 3 ranks through the
+launcher (3 catches non-power-of-2 and uneven-split bugs; 2 ranks run the TF examples and the Keras suite's
+TensorFlow backend, so a third job of about 40 s is not spent here).
 
 One job per rank count runs every file: most of a job's time is TensorFlow's import in every rank, which one job
 per file would pay once per file. Each job has a hard timeout that dumps every rank's stacks; each test inside
@@ -27,6 +28,6 @@ def test_every_tensorflow_file_is_listed():
     assert EXPECTED <= set(FILES), FILES
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3])
+@pytest.mark.parametrize("np_", [1, 3])
 def test_tensorflow_parallel(np_):
     run_parallel_tests(np_, FILES, env=ENV, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
