@@ -175,9 +175,10 @@ class Coordinator:
 
     def park(self, rank: int, name: str, waited: float) -> None:
         """``rank`` has waited ``waited`` seconds on ``name``'s fast round, which some rank has not joined yet."""
-        since, ranks = self._parked.get(name, (time.monotonic() - waited, set()))
+        start = time.monotonic() - waited
+        since, ranks = self._parked.get(name, (start, set()))
         ranks.add(rank)
-        self._parked[name] = (min(since, time.monotonic() - waited), ranks)
+        self._parked[name] = (min(since, start), ranks)
 
     def unpark(self, rank: int, name: str) -> None:
         """``name``'s fast round closed for ``rank``."""

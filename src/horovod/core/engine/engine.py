@@ -155,7 +155,7 @@ class Engine:
         area = getattr(backend, "fast_area", None)
         if area is None or self.size < 2 or not self.settings.fast_rounds or not fast_rounds.supported():
             return None
-        return fast_rounds.FastRounds(area(), self.rank, self.size, self.ranks)
+        return fast_rounds.FastRounds(area(), self.rank, self.size)
 
     def enqueue(self, entries: List[Entry]) -> None:
         """Submit entries (all or none); ValueError for a name already in flight on this rank."""

@@ -50,6 +50,7 @@ from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_B
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import R_DTYPE, R_GROUP, R_NAME, R_OP, R_POST, R_PRE, R_SHAPE, R_TYPE
+from horovod.core.engine.executors import summed
 from horovod.core.engine.state import EngineState
 
 if TYPE_CHECKING:
@@ -84,15 +85,15 @@ def key_of(request: list, nbytes: int) -> Optional[bytes]:
 class FastRounds:
     """This rank's side of the fast rounds of one process set whose ranks all share this host."""
 
-    def __init__(self, area: np.ndarray, rank: int, size: int, ranks: List[int]) -> None:
-        self.rank, self.size, self.ranks = rank, size, ranks
+    def __init__(self, area: np.ndarray, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
         self.bell = doorbell.Doorbell(area[:4].view(np.uint32))
         stride = FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES
         bases = [FAST_LINE_BYTES + r * stride for r in range(size)]
         self.headers = [area[b:b + FAST_HEADER_BYTES] for b in bases]
         self.words = [h[:KEY_OFFSET].view(np.uint64) for h in self.headers]
-        self.slots = [[area[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES:b + FAST_HEADER_BYTES + (i + 1) * FAST_SLOT_BYTES]
-                       for i in range(2)] for b in bases]
+        starts = [[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES for i in range(2)] for b in bases]
+        self.slots = [[area[s:s + FAST_SLOT_BYTES] for s in pair] for pair in starts]
         self.peers = [r for r in range(size) if r != rank]
         self.count = 0                  # records this rank posted
         # Per buffer (even and odd rounds): the round of this rank's last FAST record there, and the peers that
@@ -208,10 +209,7 @@ class FastRounds:
         out = entry.output.reshape(-1)
         n = out.nbytes
         slots = [s[b][:n].view(dtype) for s in self.slots]
-        op = ReduceOp(request[R_OP])
-        postscale = float(request[R_POST])
-        if op == ReduceOp.AVERAGE:
-            op, postscale = ReduceOp.SUM, postscale / self.size
+        op, postscale = summed(request[R_OP], float(request[R_POST]), self.size)
         combine(out, slots[0], slots[1], op)
         for r in range(2, self.size):
             reduce_into(out, slots[r], op)
