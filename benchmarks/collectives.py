@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.jobs import run_job  # noqa: E402
 from benchmarks.workers.timing import OPS, SIZES  # noqa: E402
 
 log = logging.getLogger("benchmarks.collectives")
@@ -44,11 +44,10 @@ def _env() -> Dict[str, str]:
 
 def _run(cmd: List[str], out: Path, timeout: float, extra_env: Optional[Dict[str, str]] = None) -> Optional[dict]:
     log.info("running: %s (1-minute load %s)", " ".join(cmd), _load())
-    proc = subprocess.run(cmd, env={**_env(), **(extra_env or {})}, cwd=str(ROOT), timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sys.stdout.write(proc.stdout)
-    if proc.returncode != 0 or not out.exists():
-        log.error("%s failed (exit %d)", cmd[0], proc.returncode)
+    returncode, output = run_job(cmd, {**_env(), **(extra_env or {})}, str(ROOT), timeout)
+    sys.stdout.write(output)
+    if returncode != 0 or not out.exists():
+        log.error("%s failed (exit %d)", cmd[0], returncode)
         return None
     return json.loads(out.read_text())
 

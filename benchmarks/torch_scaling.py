@@ -4,12 +4,14 @@ Runs ``examples/pytorch/pytorch_synthetic_benchmark.py`` for each model under th
 (``-np 1`` and ``-np N``) and under ``torchrun --nproc_per_node 1`` and ``N`` with ``--ddp``, with the same
 model, batch, image size and iteration counts and one thread per rank (``OMP_NUM_THREADS=1`` and
 ``torch.set_num_threads(1)``). It prints each backend's scaling efficiency, throughput(N) / (N x
-throughput(1)), and the Horovod/DDP ratio of N-rank throughput. It then times the ResNet-18-sized step
+throughput(1)), and the Horovod/DDP ratio of N-rank throughput. ``--np`` also takes a list (``2,4,8,16``):
+the 1-rank runs are then shared, each count gets its own efficiency, and the table gets a column per count.
+It then times the ResNet-18-sized step
 (53 torch gradients, 46 MB, ``hvd.allreduce_async_`` each then ``synchronize``) against one raw mpi4py
 Allreduce of the same 46 MB under Open MPI's ``mpirun`` (and, for reference, torch.distributed Gloo's 53
 async allreduces).
 
-    python benchmarks/torch_scaling.py [--np 2] [--models resnet,mlp] [--json out.json]
+    python benchmarks/torch_scaling.py [--np 2 | --np 2,4,8,16] [--models resnet,mlp] [--json out.json]
 """
 from __future__ import annotations
 
@@ -18,14 +20,16 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Union
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.jobs import TIMED_OUT, Deadline, run_job  # noqa: E402
+
 BENCH = ROOT / "examples" / "pytorch" / "pytorch_synthetic_benchmark.py"
 log = logging.getLogger("benchmarks.torch_scaling")
 
@@ -42,10 +46,10 @@ def _run(cmd: List[str], out: Path, timeout: float) -> Optional[dict]:
     """Run one job; return the JSON its rank 0 wrote, or None (and log its output) if it failed."""
     log.info("running: %s", " ".join(cmd))
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=_env(), cwd=str(ROOT), timeout=timeout, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0 or not out.exists():
-        log.error("failed (exit %d):\n%s", proc.returncode, proc.stdout[-5000:])
+    returncode, output = run_job(cmd, _env(), str(ROOT), timeout)
+    if returncode != 0 or not out.exists():
+        log.error("failed (exit %d%s):\n%s", returncode, ", timed out" if returncode == TIMED_OUT else "",
+                  output[-5000:])
         return None
     result = json.loads(out.read_text())
     result["wall_s"] = time.perf_counter() - start
@@ -60,11 +64,30 @@ def torchrun_cmd(np: int, args: List[str]) -> List[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np), *args]
 
 
+def rank_counts(text: str) -> Union[int, List[int]]:
+    """``--np``: one count (``2``, kept an int as before) or a comma-separated list (``2,4,8,16``)."""
+    counts = [int(c) for c in text.split(",") if c.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--np wants rank counts such as 2 or 2,4,8,16, not {text!r}")
+    return counts[0] if len(counts) == 1 else counts
+
+
 def add_scaling_options(parser: argparse.ArgumentParser, models: str, warmup: int, batches: int,
-                        mlp_batches: int, iters: int) -> None:
-    """A scaling script's options: those it passes through to a synthetic benchmark (with its defaults), then
-    ``--json`` and ``--timeout``."""
-    parser.add_argument("--np", type=int, default=2)
+                        mlp_batches: int, iters: int, np_list: bool = False) -> None:
+    """A scaling script's options: ``--np`` (with ``np_list``, one count or a list: ``rank_counts``), those it
+    passes through to a synthetic benchmark (with its defaults), then ``--json`` and ``--timeout``."""
+    if np_list:
+        parser.add_argument("--np", type=rank_counts, default=2, help="rank count, or a list such as 2,4,8,16")
+    else:
+        parser.add_argument("--np", type=int, default=2)
+    add_synthetic_options(parser, models, warmup, batches, mlp_batches, iters)
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
+
+
+def add_synthetic_options(parser: argparse.ArgumentParser, models: str, warmup: int, batches: int,
+                          mlp_batches: int, iters: int) -> None:
+    """The options passed through to a synthetic benchmark (``synthetic_args``), with these defaults."""
     parser.add_argument("--models", default=models)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=32)
@@ -73,8 +96,6 @@ def add_scaling_options(parser: argparse.ArgumentParser, models: str, warmup: in
     parser.add_argument("--mlp-num-batches-per-iter", type=int, default=mlp_batches,
                         help="the MLP's steps are much shorter, so it times more of them per iteration")
     parser.add_argument("--num-iters", type=int, default=iters)
-    parser.add_argument("--json", help="write the raw results here")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
 
 
 def synthetic_args(model: str, opts: argparse.Namespace) -> List[str]:
@@ -85,18 +106,30 @@ def synthetic_args(model: str, opts: argparse.Namespace) -> List[str]:
             "--num-iters", str(opts.num_iters), "--num-threads", "1", "--no-cuda"]
 
 
-def synthetic(model: str, np: int, opts: argparse.Namespace, tmp: Path) -> Dict[str, Dict[int, Optional[dict]]]:
-    """Throughput of one model for Horovod and DDP at 1 and ``np`` ranks."""
+def counts_of(np: Union[int, Sequence[int]]) -> List[int]:
+    """The rank counts of ``--np`` as a list."""
+    return [np] if isinstance(np, int) else list(np)
+
+
+def synthetic(model: str, np: Union[int, Sequence[int]], opts: argparse.Namespace, tmp: Path,
+              deadline: Optional[Deadline] = None) -> Dict[str, Dict[int, Optional[dict]]]:
+    """Throughput of one model for Horovod and DDP at 1 and ``np`` ranks (each of them, for a list). With a
+    ``deadline``, each job's limit is cut to end by it, and the jobs that no longer fit are skipped (None)."""
     common = synthetic_args(model, opts)
     results: Dict[str, Dict[int, Optional[dict]]] = {"horovod": {}, "ddp": {}}
-    for n in (1, np):
+    for n in dict.fromkeys([1, *counts_of(np)]):
         for backend in ("horovod", "ddp"):
             out = tmp / f"{model}-{backend}-{n}.json"
             if backend == "horovod":
                 cmd = horovod_cmd(n, [str(BENCH), *common, "--json", str(out)])
             else:
                 cmd = torchrun_cmd(n, [str(BENCH), *common, "--ddp", "--json", str(out)])
-            res = _run(cmd, out, opts.timeout)
+            limit = deadline.limit(opts.timeout) if deadline else opts.timeout
+            if limit is None:
+                log.warning("  %s %s np=%d: skipped, the deadline is near", model, backend, n)
+                results[backend][n] = None
+                continue
+            res = _run(cmd, out, limit)
             results[backend][n] = res
             if res:
                 log.info("  %s %s np=%d: %.1f img/sec total (per rank %.1f +-%.1f)", model, backend, n,
@@ -131,8 +164,12 @@ def efficiency(res: Dict[int, Optional[dict]], np: int) -> Optional[float]:
     return res[np]["total_img_sec"] / (np * res[1]["total_img_sec"])
 
 
-def report(synth: Dict[str, dict], step: Dict[str, Optional[float]], np: int) -> List[str]:
-    """The markdown tables and the two verdicts."""
+def report(synth: Dict[str, dict], step: Dict, np: Union[int, Sequence[int]]) -> List[str]:
+    """The markdown tables and the two verdicts (for a list of counts: ``report_counts``)."""
+    if not isinstance(np, int):
+        if len(np) != 1:
+            return report_counts(synth, step, list(np))
+        np, step = np[0], step.get(np[0], step)
     lines = [f"| model | backend | 1 rank img/s | {np} ranks img/s (total) | scaling efficiency |",
              "|---|---|---|---|---|"]
     verdicts = []
@@ -162,9 +199,37 @@ def report(synth: Dict[str, dict], step: Dict[str, Optional[float]], np: int) ->
     return lines + [""] + verdicts
 
 
+def report_counts(synth: Dict[str, dict], step: Dict[int, Dict[str, Optional[float]]],
+                  counts: List[int]) -> List[str]:
+    """One table for several rank counts (total img/s and scaling efficiency per count), then per model and
+    count the Horovod/DDP verdict, then the 53-gradient step at each count."""
+    head = " | ".join(f"{n} ranks img/s | {n} eff" for n in counts)
+    lines = [f"| model | backend | 1 rank img/s | {head} |", "|---|---|---|" + "---|---|" * len(counts)]
+    verdicts = []
+    for model, res in synth.items():
+        for backend in ("horovod", "ddp"):
+            one = res[backend].get(1)
+            cells = [f"{one['total_img_sec']:.1f}" if one else "failed"]
+            for n in counts:
+                many, eff = res[backend].get(n), efficiency(res[backend], n)
+                cells += [f"{many['total_img_sec']:.1f}" if many else "failed",
+                          f"{100 * eff:.1f}%" if eff is not None else "–"]
+            lines.append(f"| {model} | {backend} | " + " | ".join(cells) + " |")
+        for n in counts:
+            e_h, e_d = efficiency(res["horovod"], n), efficiency(res["ddp"], n)
+            if e_h is not None and e_d is not None:
+                ratio = res["horovod"][n]["total_img_sec"] / res["ddp"][n]["total_img_sec"]
+                verdicts.append(f"{model}, {n} ranks: scaling efficiency horovod {100 * e_h:.1f}% vs DDP "
+                                f"{100 * e_d:.1f}% ({'MET' if e_h >= e_d else 'NOT MET'}; difference "
+                                f"{100 * (e_h - e_d):+.1f} points); throughput horovod/DDP = {ratio:.3f}")
+    for n in counts:
+        verdicts += [line for line in report({}, step.get(n, {}), n) if line.startswith("ResNet-18 step")]
+    return lines + [""] + verdicts
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_scaling_options(parser, "resnet,mlp", warmup=3, batches=5, mlp_batches=20, iters=5)
+    add_scaling_options(parser, "resnet,mlp", warmup=3, batches=5, mlp_batches=20, iters=5, np_list=True)
     parser.add_argument("--skip-step", action="store_true", help="skip the 53-gradient step measurement")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -172,13 +237,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         synth = {m: synthetic(m, opts.np, opts, tmp) for m in opts.models.split(",")}
-        step = {} if opts.skip_step else step_53(opts.np, tmp, opts.timeout)
+        if isinstance(opts.np, int):
+            step = {} if opts.skip_step else step_53(opts.np, tmp, opts.timeout)
+        else:
+            step = {} if opts.skip_step else {n: step_53(n, tmp, opts.timeout) for n in opts.np}
     print()
     print("\n".join(report(synth, step, opts.np)))
     print(f"\n(total benchmark wall time {time.perf_counter() - start:.0f} s)")
     if opts.json:
         Path(opts.json).write_text(json.dumps({"options": vars(opts), "synthetic": synth, "step_53": step}, indent=1))
-    ok = all(r["horovod"].get(opts.np) for r in synth.values())
+    ok = all(r["horovod"].get(n) for r in synth.values() for n in counts_of(opts.np))
     return 0 if ok else 1
 
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 import horovod.numpy as hvd
-from benchmarks.workers.timing import SIZES, iterations, measure, resnet18_shapes, sweep, write
+from benchmarks.workers.timing import SIZES, iterations, measure, resnet18_shapes, sweep, time_step, write
 from horovod.core import ops
 
 ADASUM_BYTES = 64 << 20
@@ -45,7 +45,10 @@ def main(out: str, sizes, adasum: bool = False) -> None:
             "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait(),
         }
 
-    rows = sweep("horovod", sizes, make_runs, hvd.barrier, rank, n)
+    def agree(vals):
+        return hvd.broadcast_object(vals, 0, name="bench.agree")
+
+    rows = sweep("horovod", sizes, make_runs, hvd.barrier, rank, n, agree=agree)
     barrier = hvd.barrier
     # ResNet-18-sized step: 53 async allreduces, then synchronize all.
     grads = [np.ones(s, np.float32) for s in resnet18_shapes()]
@@ -57,7 +60,9 @@ def main(out: str, sizes, adasum: bool = False) -> None:
         for h in handles:
             h.wait()
 
-    rows["step_53"] = measure(step, barrier, 10, repeats=5)
+    step_s = time_step(step, barrier, agree)
+    if step_s is not None:
+        rows["step_53"] = step_s
     if adasum:
         rows["adasum"] = adasum_vs_sum(barrier)
     if rank == 0:

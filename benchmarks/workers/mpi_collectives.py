@@ -6,7 +6,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
+from benchmarks.workers.timing import SIZES, resnet18_shapes, sweep, time_step, write
 
 
 def raw_runs(comm, nbytes: int):
@@ -27,10 +27,15 @@ def raw_runs(comm, nbytes: int):
 def main(out: str, sizes) -> None:
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    rows = sweep("mpi4py", sizes, lambda nbytes: raw_runs(comm, nbytes), comm.Barrier, rank, n)
+    def agree(vals):
+        return comm.bcast(vals, root=0)
+
+    rows = sweep("mpi4py", sizes, lambda nbytes: raw_runs(comm, nbytes), comm.Barrier, rank, n, agree=agree)
     total = sum(int(np.prod(s)) for s in resnet18_shapes())
     a, b = np.ones(total, np.float32), np.empty(total, np.float32)
-    rows["step_53"] = measure(lambda: comm.Allreduce(a, b, op=MPI.SUM), comm.Barrier, 10, repeats=5)
+    step_s = time_step(lambda: comm.Allreduce(a, b, op=MPI.SUM), comm.Barrier, agree)
+    if step_s is not None:
+        rows["step_53"] = step_s
     if rank == 0:
         write(out, rows)
 

@@ -2,11 +2,19 @@
 from __future__ import annotations
 
 import sys
+from typing import List
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.workers.timing import SIZES, measure, resnet18_shapes, sweep, write
+from benchmarks.workers.timing import SIZES, resnet18_shapes, sweep, time_step, write
+
+
+def agree(vals: List[int]) -> List[int]:
+    """Rank 0's ``vals`` on every rank (a Gloo broadcast)."""
+    t = torch.tensor(vals, dtype=torch.int64)
+    dist.broadcast(t, 0)
+    return [int(v) for v in t.tolist()]
 
 
 def main(out: str, sizes) -> None:
@@ -24,7 +32,7 @@ def main(out: str, sizes) -> None:
             "broadcast": lambda: dist.broadcast(x, 0),
         }
 
-    rows = sweep("torch-gloo", sizes, make_runs, dist.barrier, rank, n)
+    rows = sweep("torch-gloo", sizes, make_runs, dist.barrier, rank, n, agree=agree)
     grads = [torch.ones(s) for s in resnet18_shapes()]
 
     def step() -> None:
@@ -32,7 +40,9 @@ def main(out: str, sizes) -> None:
         for w in works:
             w.wait()
 
-    rows["step_53"] = measure(step, dist.barrier, 10, repeats=5)
+    step_s = time_step(step, dist.barrier, agree)
+    if step_s is not None:
+        rows["step_53"] = step_s
     if rank == 0:
         write(out, rows)
     dist.destroy_process_group()
