@@ -92,6 +92,7 @@ def test_a_broken_discovery_script_ends_the_job_saying_what_to_fix(tmp_path, bod
     assert re.search(expected, result.stdout), result.stdout
 
 
+@pytest.mark.slow
 def test_fifty_resets_leak_no_descriptors_threads_or_shared_memory():
     # All three workers on one host (127.0.0.1 is the spare that --max-np leaves unused): the shm plane is in use.
     result = run_elastic(["--min-np", "3", "--max-np", "3", "-H", "localhost:3,127.0.0.1:1"],

@@ -1,6 +1,6 @@
 """The elastic examples (examples/elastic) as real elastic jobs: horovodrun with --min-np/--max-np and the
-example's host discovery script over a hosts file of two "hosts" on this machine; each trains the digits to
->= 95% and reports from rank 0 only."""
+example's host discovery script over a hosts file of two "hosts" on this machine; each trains the digits and
+reports its held-out accuracy from rank 0 only."""
 import os
 import re
 import subprocess
@@ -18,6 +18,12 @@ pytestmark = pytest.mark.timeout(240)
 
 DISCOVER = ROOT / "examples" / "elastic" / "discover_hosts.sh"
 ELASTIC = ["--min-np", "1", "--max-np", "3", "--host-discovery-script", str(DISCOVER)]
+# Seeded (seed 42), the PyTorch example reaches 96.44 % on the reference VM (a run on another machine reached
+# 94.44 %, which failed the 95 % this test once asked); seeds 0-9 reach 97.78-98.89 %. The Keras one (seed 42)
+# reaches 98.67 %, seeds 0-9 95.33-97.56 %. Each threshold is 3 points below the lower of its figures, rounded
+# down.
+MIN_ACCURACY_TORCH = 93.0
+MIN_ACCURACY_KERAS = 92.0
 
 
 def hosts_file(tmp_path: Path, text: str = "localhost:1\n127.0.0.1:1\n") -> Path:
@@ -42,7 +48,7 @@ def test_pytorch_digits_elastic_trains_on_two_ranks(tmp_path):
                             "--batches-per-commit", "3"], extra_args=ELASTIC,
                         env={"HOROVOD_HOSTS_FILE": str(hosts_file(tmp_path))}, timeout=180)
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY_TORCH)
     epochs = re.findall(r"\[0\]<stderr>:epoch (\d+)/10: loss [\d.]+ on 2 workers", result.stdout)
     assert epochs == [str(e) for e in range(1, 11)], result.stdout[-5000:]
 
@@ -55,7 +61,7 @@ def test_keras_digits_elastic_trains_on_two_ranks(tmp_path):
                         env={"HOROVOD_HOSTS_FILE": str(hosts_file(tmp_path)), "KERAS_BACKEND": "tensorflow",
                              "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY_KERAS)
     assert re.search(r"\[0\]<stderr>:training epochs 1 to 10 on 2 workers", result.stdout)
     assert re.search(r"\[0\]<stdout>:Epoch 10/10", result.stdout), "rank 0 shows progress"
     assert not re.search(r"\[1\]<stdout>:Epoch", result.stdout), "only rank 0 shows progress"

@@ -38,6 +38,7 @@ def _wait_for(what, condition, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_cut_link_fails_the_host_over_and_it_rejoins_after_the_cooldown(tmp_path):
     with hosts_or_skip(3) as cluster:

@@ -6,6 +6,7 @@ import pytest
 from tests.support.launch import ROOT, RanksHung, horovodrun
 
 
+@pytest.mark.slow
 def test_timeout_dumps_the_stacks_of_hung_ranks():
     with pytest.raises(RanksHung) as info:
         horovodrun(2, [sys.executable, str(ROOT / "tests" / "integration" / "workers" / "hang.py")], timeout=8)

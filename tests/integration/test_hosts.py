@@ -43,6 +43,7 @@ def test_each_host_answers_ssh_with_its_own_hostname_and_resolves_the_others():
         assert socket.gethostname() not in names  # the root namespace keeps its own name
 
 
+@pytest.mark.slow
 def test_cut_link_makes_the_host_unreachable_and_restore_brings_it_back():
     with hosts_or_skip(2) as cluster:
         first, second = cluster.hosts
@@ -181,6 +182,7 @@ def test_horovodrun_runs_a_job_over_ssh_across_two_namespace_hosts():
         assert cluster.python_pids() == [], "the ranks must be gone when the job is"
 
 
+@pytest.mark.slow
 def test_dump_stacks_after_makes_remote_ranks_print_their_stacks():
     with hosts_or_skip(1) as cluster:
         (host,) = cluster.hosts

@@ -1,4 +1,4 @@
-"""The Keras model.fit examples: the digits reach >= 95% on 2 ranks on each installed Keras backend, and a Keras 2
+"""The Keras model.fit examples: the digits train on 2 ranks on each installed Keras backend, and a Keras 2
 program through tf-keras does too, with progress and checkpoints from rank 0 only."""
 import importlib.util
 import re
@@ -12,10 +12,17 @@ from tests.support.launch import horovodrun
 pytest.importorskip("keras")
 pytest.importorskip("sklearn")
 
+# Seeded (seed 42), keras_digits.py reaches 98.67 % on TensorFlow and 98.44 % on JAX on the reference VM;
+# seeds 0-9 reach 97.33-99.33 % and 97.78-98.67 %. tf_keras_digits.py (seed 42) reaches 98.22 %, seeds 0-9
+# 98.00-99.33 %. Other CPUs' arithmetic moves a seeded run by a point or two, so each threshold is 3 points
+# below the lower of those, rounded down.
+MIN_ACCURACY = 94.0
+MIN_ACCURACY_TF_KERAS = 95.0
+
 
 # PyTorch is covered by the keras suite (model.fit equal to single-process training); the example runs on
 # TensorFlow and JAX here to keep the suite short.
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.slow)])
 def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")
@@ -23,7 +30,7 @@ def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
     result = horovodrun(2, [sys.executable, "examples/keras/keras_digits.py", "--checkpoint", str(checkpoint)],
                         env={"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY)
     assert re.search(rf"\[0\]<stderr>:Keras [\d.]+ on the {backend} backend, 2 ranks", result.stdout)
     assert re.search(r"\[0\]<stdout>:Epoch 20/20", result.stdout), "rank 0 shows progress"
     assert not re.search(r"\[1\]<stdout>:Epoch", result.stdout), "only rank 0 shows progress"
@@ -41,7 +48,7 @@ def test_tf_keras_digits_keras2_program_trains_on_two_ranks(tmp_path):
                             "--checkpoint-dir", str(checkpoints)],
                         env={"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY_TF_KERAS)
     assert re.search(r"\[0\]<stderr>:tf-keras 2\.[\d.]+ \(TensorFlow [\d.]+\), 2 ranks", result.stdout)
     assert re.search(r"\[0\]<stdout>:Epoch 3: finished gradual learning rate warmup", result.stdout)
     assert not re.search(r"\[1\]<stdout>:(Epoch|.*warmup)", result.stdout), "only rank 0 reports"

@@ -90,6 +90,7 @@ def test_main_files_under_horovodrun_mpi(np_):
 
 
 # ---------------------------------------------------------------------------------------------- harness
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun-mpi"])
 def test_a_hung_mpi_job_is_killed_with_every_ranks_stack(launcher):
     command = worker("hang.py")

@@ -21,6 +21,10 @@ JOB_TIMEOUT = 240
 PER_TEST_TIMEOUT = ["--timeout=60", "-W", "ignore::DeprecationWarning"]
 # One engine thread per rank and no OpenMP pool: up to 4 ranks share 2 cores.
 ENV = {"OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1", "MXNET_CPU_PRIORITY_NTHREADS": "1"}
+# Seeded, the digits example (seed 42) reaches 98.67 % on the reference VM; seeds 0-9 reach 96.00-98.44 %.
+# Other CPUs' arithmetic moves a seeded run by a point or two, so the threshold is 3 points below the lower of
+# those, rounded down.
+MIN_ACCURACY = 93.0
 
 
 def mxnet_python() -> str:
@@ -50,5 +54,5 @@ def test_mxnet_digits_example_at_two_ranks():
     accuracy = [float(m.group(1)) / 100 for line in printed
                 if (m := re.search(r"test accuracy on \d+ held-out digits: ([0-9.]+)%", line))]
     assert accuracy, "rank 0 printed no test accuracy:\n" + "\n".join(printed[-20:])
-    assert accuracy[-1] >= 0.95, printed[-20:]
+    assert 100 * accuracy[-1] >= MIN_ACCURACY, printed[-20:]
     assert not any("test accuracy" in line for line in rank_lines(result.stdout, 1)), "only rank 0 prints"

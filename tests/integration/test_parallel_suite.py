@@ -36,6 +36,7 @@ def test_parallel(np_):
     run_parallel_tests(np_, FILES, env=env, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
 
 
+@pytest.mark.slow
 def test_parallel_hierarchical_two_hosts():
     files = MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py", "test_process_sets.py"]
     result = run_parallel_tests(4, files, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=FILES_JOB_TIMEOUT,
@@ -43,6 +44,7 @@ def test_parallel_hierarchical_two_hosts():
     assert "[3]<stdout>" in result.stdout
 
 
+@pytest.mark.slow
 def test_hierarchical_adasum_two_hosts():
     """HOROVOD_HIERARCHICAL_ALLREDUCE=1: sum inside each host, Adasum across hosts (test_adasum.py expects it)."""
     result = run_parallel_tests(4, "test_adasum.py", hosts=TWO_HOSTS, env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
@@ -50,12 +52,14 @@ def test_hierarchical_adasum_two_hosts():
     assert "[3]<stdout>" in result.stdout
 
 
+@pytest.mark.slow
 def test_parallel_tcp_data_plane():
     files = MAIN + ["test_process_sets.py", "test_adasum.py"]      # every set on a tcp plane of its own too
     run_parallel_tests(3, files, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", [
     {"HOROVOD_SHM_CHUNK_BYTES": "65536"},                       # many pipeline steps per collective
     {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"},

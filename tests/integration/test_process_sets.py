@@ -92,11 +92,13 @@ def test_adding_a_set_without_dynamic_process_sets_says_how_to_allow_it():
 def test_the_stall_inspector_names_the_set_and_the_missing_rank():
     proc = run(3, "stall", env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:]
+    # Rank 2 waits in the global set's barrier meanwhile, so rank 0 (the coordinator of both sets) may warn about
+    # the global set too, before or after: the warning about set 1 is the one that names it.
     warnings = [line for line in rank_lines(proc.stdout, 0) if "subset of ranks" in line]
-    assert warnings, proc.stdout[-4000:]
-    assert "in process set 1 (ranks [0, 1])" in warnings[0], warnings[0]
+    about_set = [line for line in warnings if "in process set 1 (ranks [0, 1])" in line]
+    assert about_set, warnings or proc.stdout[-4000:]
     following = rank_lines(proc.stdout, 0)
-    index = following.index(warnings[0])
+    index = following.index(about_set[0])
     assert any(line.startswith("1: [") and "late.tensor" in line for line in following[index:index + 4]), \
         following[index:index + 4]
 

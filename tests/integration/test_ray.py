@@ -6,6 +6,7 @@ takes) except the elastic training test. Calls that drive workers run under ``ca
 every worker actor's stack if they hang.
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -270,6 +271,7 @@ def _elastic_training(marker):
             "params": [p.detach().numpy().tolist() for p in model.parameters()]}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_elastic_job_replaces_a_killed_actor_and_finishes(ray_two_nodes, tmp_path):
     marker = tmp_path / "killed"
@@ -356,9 +358,18 @@ def test_ranks_follow_the_nodes_the_actors_landed_on():
     assert {p.slot.hostname for p in placed} == {"10.0.0.1-n1000000", "10.0.0.1-n2000000"}
 
 
+# Seeded (seed 42), the Ray example reaches 96.44 % on the reference VM; seeds 0-4 reach 94.89-97.11 %. Other
+# CPUs' arithmetic moves a seeded run by a point or two, so the threshold is 3 points below the lower, rounded
+# down.
+RAY_MIN_ACCURACY = 91.0
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_ray_digits_example_trains():
-    result = run_ray_script([sys.executable, str(ROOT / "examples" / "ray" / "ray_digits.py"), "--epochs", "6"],
-                            timeout=120)
+    result = run_ray_script([sys.executable, str(ROOT / "examples" / "ray" / "ray_digits.py"), "--epochs", "6",
+                             "--min-accuracy", str(RAY_MIN_ACCURACY / 100)], timeout=120)
     assert result.returncode == 0, result.stdout
+    accuracy = re.search(r"test accuracy: ([\d.]+)% with 2 workers", result.stdout)
+    assert accuracy and float(accuracy.group(1)) >= RAY_MIN_ACCURACY, result.stdout[-3000:]
     assert "epoch 5: loss" in result.stdout and "with 2 workers" in result.stdout, result.stdout

@@ -29,7 +29,7 @@ from tests.support.hosts import namespace_hosts
 from tests.support.launch import ROOT
 from tests.support.slurm import SlurmNode, slurm_cluster
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 WORKER = ROOT / "tests" / "integration" / "workers" / "slurm_job.py"
 JOB_TIMEOUT = 60

@@ -59,6 +59,9 @@ keras_example = _load_example("keras_spark_digits")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 spark_cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
+# Spark's estimators take about two minutes together; the quick tier covers Spark through test_spark_run.py.
+pytestmark = pytest.mark.slow
+
 
 class GuardedBackend(SparkBackend):
     """SparkBackend whose ranks dump every thread's stack to stderr and exit after ``RANK_DEADLINE_S``."""
@@ -74,6 +77,13 @@ class GuardedBackend(SparkBackend):
                 faulthandler.cancel_dump_traceback_later()
 
         return super().run(guarded, args=args, kwargs=kwargs, env=env)
+
+
+# Seeded, the estimators reach these held-out accuracies on the reference VM: TorchEstimator (seed 42, 6
+# epochs) 93.59 %, seeds 0-4 90.58-98.60 %; KerasEstimator (seed 42, 6 epochs) 92.87 %, seeds 0-4 89.24-96.04
+# %; the LightningEstimator (seed 0, 5 epochs) 94.74 %. (Each seed also draws another train/test split, hence
+# the wide spread.) MIN_ACCURACY is more than 3 points below the lowest of those, for other CPUs' arithmetic.
+MIN_ACCURACY = 0.85
 
 
 def _scores(df, column: str = "label__output") -> np.ndarray:
@@ -98,7 +108,7 @@ def test_torch_estimator_in_a_pipeline_fits_predicts_and_round_trips(spark, tmp_
     assert history[-1]["train"]["loss"] < history[0]["train"]["loss"] / 2
     assert store.exists(store.get_checkpoint_path(torch_model.getRunId())), "rank 0 checkpoints to the store"
     accuracy = torch_example.held_out_accuracy(model, test)
-    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+    assert accuracy > MIN_ACCURACY, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
 
     model.write().overwrite().save(str(tmp_path / "pipeline_model"))
     loaded = PipelineModel.load(str(tmp_path / "pipeline_model"))
@@ -128,7 +138,7 @@ def test_keras_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(checkpoint.get_weights(), model.getModel().get_weights())), \
         "rank 0's checkpoint after the last epoch holds the trained weights"
     accuracy = keras_example.held_out_accuracy(model, test)
-    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+    assert accuracy > MIN_ACCURACY, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
 
     model.write().overwrite().save(str(tmp_path / "keras_model"))
     loaded = KerasModel.load(str(tmp_path / "keras_model"))
@@ -271,7 +281,7 @@ def test_lightning_estimator_fits_predicts_and_round_trips(spark, tmp_path):
     predictions = model.transform(test)
     labels = np.array([row.label for row in predictions.select("label").collect()])
     accuracy = float(np.mean(_scores(predictions).argmax(1) == labels))
-    assert accuracy > 0.85, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
+    assert accuracy > MIN_ACCURACY, f"held-out accuracy {accuracy:.3f} (chance is 0.1)"
     model.write().overwrite().save(str(tmp_path / "lightning_model"))
     loaded = LightningModel.load(str(tmp_path / "lightning_model"))
     assert loaded.getHistory() == history

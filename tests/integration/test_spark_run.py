@@ -284,6 +284,7 @@ def _kill_executor_without_rank_zero(pid_dir: Path, stop: threading.Event, kille
     victim.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_run_elastic_goes_on_without_a_lost_executor(spark, tmp_path):
     stop, killed = threading.Event(), {}

@@ -1,4 +1,4 @@
-"""The TF1 (graph mode) example: upstream's README program on the digits data trains to >= 95% on 2 ranks, with
+"""The TF1 (graph mode) example: upstream's README program on the digits data trains on 2 ranks, with
 the broadcast hook, MonitoredTrainingSession and checkpoints written by rank 0 only."""
 import re
 import sys
@@ -10,7 +10,12 @@ from tests.support.launch import horovodrun
 pytest.importorskip("tensorflow")
 pytest.importorskip("sklearn")
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+# Seeded, this run (seed 42) reaches 97.78 % on the reference VM; seeds 0-9 reach 95.78-97.33 %. Other CPUs'
+# arithmetic moves a seeded run by a point or two, so the threshold is 3 points below the lower of those,
+# rounded down.
+MIN_ACCURACY = 92.0
 
 
 def test_tensorflow_digits_trains_on_two_ranks(tmp_path):
@@ -21,7 +26,7 @@ def test_tensorflow_digits_trains_on_two_ranks(tmp_path):
     match = re.search(r"\[0\]<stderr>:test accuracy on (\d+) held-out digits: ([\d.]+)% \(2 ranks\)", result.stdout)
     assert match, result.stdout[-3000:]
     assert int(match.group(1)) == 450, "the ranks' test shards add up to the whole test set"
-    assert float(match.group(2)) >= 95.0
+    assert float(match.group(2)) >= MIN_ACCURACY, match.group(0)
     assert "[1]<stderr>:test accuracy" not in result.stdout, "only rank 0 reports"
     assert not re.search(r"\[1\]<stderr>:.*Saving checkpoints", result.stdout), "only rank 0 saves"
     assert re.search(r"\[0\]<stderr>:.*Saving checkpoints for 500 into", result.stdout), result.stdout[-3000:]

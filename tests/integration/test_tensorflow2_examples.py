@@ -1,4 +1,4 @@
-"""The TensorFlow 2 examples: digits trains to >= 95% on 2 ranks with rank-0-only reporting and checkpoints; the
+"""The TensorFlow 2 examples: digits trains on 2 ranks with rank-0-only reporting and checkpoints; the
 synthetic benchmark prints upstream's report lines, with the default op and with Adasum."""
 import json
 import re
@@ -14,6 +14,10 @@ pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
 BENCH = "examples/tensorflow2/tensorflow2_synthetic_benchmark.py"
+# Seeded, the digits run (seed 42) reaches 98.89 % on the reference VM; seeds 0-9 reach 97.78-98.89 %. Other
+# CPUs' arithmetic moves a seeded run by a point or two, so the threshold is 3 points below the lower of
+# those, rounded down.
+MIN_ACCURACY = 94.0
 
 
 def test_tensorflow2_digits_trains_on_two_ranks(tmp_path):
@@ -21,7 +25,7 @@ def test_tensorflow2_digits_trains_on_two_ranks(tmp_path):
     result = horovodrun(2, [sys.executable, "examples/tensorflow2/tensorflow2_digits.py", "--epochs", "20",
                             "--checkpoint", str(checkpoint)], timeout=240)
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY)
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["digits.data-00000-of-00001", "digits.index"], \
         "rank 0 writes one checkpoint"
 
@@ -43,6 +47,7 @@ def test_tensorflow2_synthetic_benchmark_reports_upstream_lines(tmp_path):
     assert numbers["model"] == "cnn" and numbers["batch_size"] == 8 and numbers["total_img_sec"] > 0
 
 
+@pytest.mark.slow
 def test_tensorflow2_synthetic_benchmark_with_adasum():
     result = horovodrun(2, [sys.executable, BENCH, "--model", "mlp", "--use-adasum", "--batch-size", "8",
                             "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "1"],

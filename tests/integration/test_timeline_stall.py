@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tests.support.launch import ROOT, horovodrun, rank_lines
+from tests.support.timing import SLACK_S
 
 pytestmark = pytest.mark.timeout(180)
 WORKERS = ROOT / "tests" / "integration" / "workers"
@@ -119,7 +120,9 @@ def test_start_timeline_without_horovod_timeline_says_how_to_enable_it(tmp_path)
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_stall_warning_names_the_missing_rank_within_the_check_time(np_):
-    result = horovodrun(np_, worker("stall.py", 3, "late"), timeout=TIMEOUT,
+    # Rank 1 submits late, after the warning's bound (1 s check time + the slack of a loaded machine) and 1 s more.
+    late = 1.0 + SLACK_S + 1.0
+    result = horovodrun(np_, worker("stall.py", late, "late"), timeout=TIMEOUT,
                         env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"})
     out = result.stdout
     warnings = [i for i, line in enumerate(rank_lines(out, 0)) if "WARNING" in line and "subset of ranks" in line]
@@ -130,7 +133,7 @@ def test_stall_warning_names_the_missing_rank_within_the_check_time(np_):
     entry = [line for line in after if line.startswith("1: [")]
     assert entry and "allreduce.only.some (waiting" in entry[0], after
     waited = float(re.search(r"waiting ([\d.]+) s", entry[0]).group(1))
-    assert 1.0 <= waited < 2.5, entry
+    assert 1.0 <= waited < 1.0 + SLACK_S, entry
     if np_ == 3:
         assert not any(line.startswith("2: [") for line in after), after
     # No shutdown time: the stall resolves when rank 1 submits the tensor late, and the job succeeds.
@@ -141,7 +144,8 @@ def test_stall_warning_names_the_missing_rank_within_the_check_time(np_):
 
 @pytest.mark.parametrize("np_", [2, 3])
 def test_stall_shutdown_stops_every_rank_with_the_same_facts(np_):
-    result = horovodrun(np_, worker("stall.py", 5, "skip"), timeout=TIMEOUT,
+    # Rank 1 sleeps past the shutdown's bound (2 s + the slack of a loaded machine) before it submits another name.
+    result = horovodrun(np_, worker("stall.py", 2.0 + SLACK_S + 1.0, "skip"), timeout=TIMEOUT,
                         env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "2"})
     out = result.stdout
     for r in range(np_):
@@ -152,7 +156,7 @@ def test_stall_shutdown_stops_every_rank_with_the_same_facts(np_):
         assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=2" in res[0], res
         if r != 1:
             elapsed = float(res[0].split()[2])
-            assert 2.0 <= elapsed < 4.5, res
+            assert 2.0 <= elapsed < 2.0 + SLACK_S, res
 
 
 def test_stall_check_disable_means_no_warning():

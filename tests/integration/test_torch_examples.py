@@ -1,4 +1,4 @@
-"""The PyTorch examples: digits trains to >= 95% on 2 ranks with rank-0-only checkpoints; the synthetic
+"""The PyTorch examples: digits trains on 2 ranks with rank-0-only checkpoints; the synthetic
 benchmark prints upstream's report lines."""
 import re
 import sys
@@ -12,13 +12,18 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 pytest.importorskip("tqdm")
 
+# Seeded, this run (seed 42) reaches 98.00 % on the reference VM; seeds 0-9 reach 97.56-98.89 %. Other CPUs'
+# arithmetic moves a seeded run by a point or two, so the threshold is 3 points below the lower of those,
+# rounded down.
+MIN_ACCURACY = 94.0
+
 
 def test_pytorch_digits_trains_on_two_ranks(tmp_path):
     checkpoint = tmp_path / "ckpt" / "digits.pt"
     result = horovodrun(2, [sys.executable, "examples/pytorch/pytorch_digits.py", "--epochs", "20",
                             "--checkpoint", str(checkpoint)], timeout=240)
     assert result.returncode == 0, result.stdout[-5000:]
-    assert_digits_report(result.stdout, ranks=2)
+    assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY)
     assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["digits.pt"], "rank 0 writes one checkpoint"
 
     import torch
@@ -42,6 +47,7 @@ def test_pytorch_synthetic_benchmark_reports_upstream_lines(tmp_path):
     assert numbers["size"] == 2 and numbers["backend"] == "horovod" and len(numbers["img_sec_per_iter"]) == 2
 
 
+@pytest.mark.slow
 def test_pytorch_synthetic_benchmark_with_adasum():
     result = horovodrun(2, [sys.executable, "examples/pytorch/pytorch_synthetic_benchmark.py", "--model", "mlp",
                             "--use-adasum", "--num-iters", "1", "--num-warmup-batches", "1",

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import horovod.numpy as hvd
+from tests.support.timing import SLACK_S
 
 
 def test_barrier():
@@ -18,7 +19,7 @@ def test_barrier_waits_for_the_slowest_rank():
     if size == 1:
         start = time.monotonic()
         hvd.barrier()
-        assert time.monotonic() - start < 1.0
+        assert time.monotonic() - start < SLACK_S     # alone, a barrier does not wait
         return
     hvd.barrier()                                    # line everyone up first
     start = time.monotonic()

@@ -174,6 +174,9 @@ def test_adasum_training_converges_on_digits():
     hvd_keras.broadcast_variables(model.variables, root_rank=0)
     history = model.fit(x, y, batch_size=64, epochs=12, verbose=0, shuffle=False)
     final = float(hvd.allreduce(tf.constant(history.history["loss"][-1]), name="adasum.digits.final"))
+    # Seeded (seed 0), the final loss is 0.08, 0.09, 0.08 and 0.13 at 1-4 ranks on the reference VM, from a
+    # first epoch's loss of 1.57-2.18; seeds 0-9 end at 0.19 at worst and start at 1.34 at least. The bound is
+    # more than 1.5 times the worst: still far below the untrained loss (ln 10 = 2.3).
     assert history.history["loss"][0] > 0.5 and final < 0.35, (history.history["loss"], final)
     kernels = hvd.allgather(tf.reshape(model.layers[0].kernel, [1, -1]), name="adasum.digits.check").numpy()
     np.testing.assert_allclose(kernels, np.broadcast_to(kernels[:1], kernels.shape))

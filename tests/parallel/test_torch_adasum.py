@@ -198,5 +198,8 @@ def test_adasum_training_converges_on_digits():
         losses.append(float(hvd.allreduce(loss.detach(), name="adasum.digits.loss")))
     with torch.no_grad():
         final = float(hvd.allreduce(torch.nn.functional.cross_entropy(model(x), y), name="adasum.digits.final"))
-    assert losses[0] > 2.0 and final < 0.35, (losses[::20], final)
+    # Seeded (seed 0), the final loss is 0.24, 0.25, 0.10 and 0.05 at 1-4 ranks on the reference VM, from a
+    # first loss of 2.32-2.34; seeds 0-9 end at 0.27 at worst and start at 2.29 at least. The bound is 1.5
+    # times the worst, rounded up: still far below the untrained loss (ln 10 = 2.3).
+    assert losses[0] > 2.0 and final < 0.45, (losses[::20], final)
     assert_same_on_every_rank(model.parameters(), "adasum.digits.check")

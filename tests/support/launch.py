@@ -14,6 +14,7 @@ reads both.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 PARALLEL = ROOT / "tests" / "parallel"
+log = logging.getLogger("tests.support.launch")
 
 
 LAUNCHERS = ("horovodrun", "mpirun", "horovodrun-mpi")
@@ -39,6 +41,9 @@ _ENCLOSING_JOB = re.compile(r"(?:OMPI|PRTE|PMIX)_(?!MCA_)\w*|PMI_\w*|HOROVOD_(?:
 
 
 PMIX_START_FAILURE = "The PMIx server's listener thread failed to start"
+# Every launch tried again, one line each ("<job>: <why>"): tests/conftest.py prints them at the end of the run, so
+# a retry is counted and seen, never silent.
+RETRIED: List[str] = []
 
 
 class RanksHung(AssertionError):
@@ -183,6 +188,8 @@ def run_parallel_tests(np: int, test_file, hosts: Optional[str] = None, env: Opt
         # Open MPI's runtime occasionally fails to start its PMIx server on a loaded machine, before any rank
         # runs (seen once in CI); that is not the code under test, so the launch is tried once more.
         if attempt == 0 and launcher != "horovodrun" and PMIX_START_FAILURE in result.stdout:
+            RETRIED.append(f"{' '.join(files)} at {np} ranks under {launcher}: {PMIX_START_FAILURE}")
+            log.warning("launching again: %s", RETRIED[-1])
             continue
         break
     name = " ".join(files)
