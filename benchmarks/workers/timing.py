@@ -41,6 +41,11 @@ def measure(run: Callable[[], None], barrier: Callable[[], None], n: int, repeat
     """Median over ``repeats`` of the mean time per call over ``n`` calls (seconds), after a warm-up."""
     for _ in range(max(3, n // 10)):
         run()
+    return _median_per_call(run, barrier, n, repeats)
+
+
+def _median_per_call(run: Callable[[], None], barrier: Callable[[], None], n: int, repeats: int) -> float:
+    """Median over ``repeats`` barrier-aligned timings of ``n`` calls, as seconds per call."""
     samples = []
     for _ in range(repeats):
         barrier()
@@ -81,15 +86,7 @@ def measure_within(run: Callable[[], None], barrier: Callable[[], None], n_max: 
             break
         batch *= 2
     n, repeats = plan_calls(elapsed / batch, n_max, budget_s)
-    samples = []
-    for _ in range(repeats):
-        barrier()
-        start = time.perf_counter()
-        for _ in range(n):
-            run()
-        samples.append((time.perf_counter() - start) / n)
-    samples.sort()
-    return samples[len(samples) // 2], n
+    return _median_per_call(run, barrier, n, repeats), n
 
 
 def sweep(peer: str, sizes, make_runs: Callable[[int], Dict[str, Callable[[], None]]],
