@@ -8,11 +8,12 @@
 """
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import keras
 import numpy as np
 
+from horovod.common import gradient_presence as presence
 from horovod.common.types import ReduceOp
 from horovod.core import ops
 from horovod.core.process_sets import ProcessSet
@@ -49,11 +50,19 @@ def sparse_allreduce(grad: Any, name: str, op: ReduceOp, process_set: ProcessSet
 
 
 def grouped_allreduce(tensors: Sequence[Any], name: str, op: ReduceOp, prescale_factor: float,
-                      postscale_factor: float, process_set: ProcessSet) -> List[Any]:
-    """Allreduce backend tensors as one negotiated, fused unit; returns backend tensors of the same shapes."""
+                      postscale_factor: float, process_set: ProcessSet,
+                      check: Optional[Callable[[], None]] = None) -> List[Any]:
+    """Allreduce backend tensors as one negotiated, fused unit; returns backend tensors of the same shapes.
+    ``check`` (a :func:`presence_check`) runs first, in the same TensorFlow node or JAX callback."""
     kind = backend()
     if kind == "tensorflow":
         from horovod.tensorflow.mpi_ops import _grouped_allreduce
+
+        if check is not None:
+            from horovod.tensorflow.none_gradients import grouped_allreduce_checked
+
+            return grouped_allreduce_checked(list(tensors), name, op, prescale_factor, postscale_factor,
+                                             process_set, check)
 
         return _grouped_allreduce(list(tensors), name=name, op=op, prescale_factor=prescale_factor,
                                   postscale_factor=postscale_factor, ignore_name_scope=True,
@@ -61,10 +70,14 @@ def grouped_allreduce(tensors: Sequence[Any], name: str, op: ReduceOp, prescale_
     if kind == "torch":
         import horovod.torch as hvd_torch
 
+        if check is not None:
+            check()
         return hvd_torch.grouped_allreduce(list(tensors), name=name, op=op, prescale_factor=prescale_factor,
                                            postscale_factor=postscale_factor, process_set=process_set)
 
     def host(*arrays):
+        if check is not None:
+            check()
         arrays = [np.require(a, requirements="C") for a in arrays]
         outs = [np.empty_like(a) for a in arrays]
         ops.grouped_allreduce_async(arrays, outs, f"grouped_allreduce.{name}", op, prescale_factor,
@@ -81,3 +94,62 @@ def grouped_allreduce(tensors: Sequence[Any], name: str, op: ReduceOp, prescale_
         return list(host(*[np.asarray(t) for t in tensors]))
     raise NotImplementedError(f"Horovod's Keras bindings do not support the {kind!r} Keras backend; use "
                               "tensorflow, torch, jax or numpy (KERAS_BACKEND).")
+
+
+class NoneGradientError(ValueError):
+    """A gradient is None on some ranks but not on others (raised on every rank). On the TensorFlow backend
+    ``horovod.tensorflow.none_gradients.NoneGradientError`` (a ValueError too) is raised instead."""
+
+
+def presence_check(grads: Sequence[Any], variables: Optional[Sequence[Any]], name: str, process_set: ProcessSet,
+                   remedy: str) -> Callable[[], None]:
+    """A host function that raises on every rank when some of ``grads`` are None on some ranks only (see
+    ``horovod.tensorflow.none_gradients``): one blocking Sum allreduce of the presence vector on the op layer,
+    and an allgather only when the sums show such a gradient. Run it before the gradients' collectives:
+    :func:`grouped_allreduce` takes it as ``check``, :func:`check_alone` runs it by itself."""
+    if backend() == "tensorflow":
+        from horovod.tensorflow.none_gradients import host_check
+
+        return host_check(grads, variables, name, process_set, who=name, remedy=remedy)
+    grads = list(grads)
+    labels = [presence.label(None if variables is None else variables[i], i) for i in range(len(grads))]
+    vector = presence.presence_vector([g is None for g in grads])
+
+    def allreduce_sum(array: np.ndarray) -> np.ndarray:
+        with ops.blocking():
+            handle = ops.allreduce_async(array, None, f"{name}.gradients_present", ReduceOp.SUM,
+                                         process_set=process_set)
+        return handle.wait()
+
+    def allgather(flags: np.ndarray) -> np.ndarray:
+        return ops.allgather_async(flags, f"{name}.gradients_present.ranks", process_set=process_set).wait()
+
+    def check() -> None:
+        ranks = (list(range(ops.set_size(process_set))) if process_set.process_set_id in (0, None)
+                 else list(process_set.ranks))
+        message = presence.none_gradient_verdict(vector, labels, ranks, allreduce_sum, allgather, name, remedy)
+        if message is not None:
+            raise NoneGradientError(message)
+
+    return check
+
+
+def check_alone(check: Callable[[], None]) -> None:
+    """Run ``check`` where no gradient collective carries it (this rank has no dense gradient): a node of its
+    own on TensorFlow, an ordered callback inside JAX's jitted step, a call on the other backends."""
+    kind = backend()
+    if kind == "tensorflow":
+        from horovod.tensorflow.none_gradients import check_node
+
+        check_node(check)
+    elif kind == "jax":
+        import jax
+        from jax.experimental import io_callback
+
+        def host(x):
+            check()
+            return x
+
+        io_callback(host, jax.ShapeDtypeStruct((1,), np.int32), np.zeros(1, np.int32), ordered=True)
+    else:
+        check()

@@ -28,6 +28,10 @@ from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_gr
 from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.core.process_sets import ProcessSet, global_process_set
 
+# The end of the error every rank raises when a gradient is None on some ranks only (``backend_ops.presence_check``).
+KERAS_REMEDY = ("Make the loss depend on the same variables on every rank, or set trainable=False on the layer "
+                "that is not used, on every rank.")
+
 
 @dataclass
 class _Settings:
@@ -70,27 +74,38 @@ def _add_aggregation_state(optimizer: Any, variables: List[Any]) -> None:
 
 def _reduce_gradients(s: _Settings, grads: List[Any], variables: Optional[List[Any]]) -> List[Any]:
     """The gradients as the optimizer applies them: allreduced in groups (dense), allgathered (sparse, unless
-    ``sparse_as_dense``), or kept local (``local_ids``, scaled by the set size when ``scale_local_gradients``)."""
+    ``sparse_as_dense``), or kept local (``local_ids``, scaled by the set size when ``scale_local_gradients``).
+    First the ranks check that the same gradients are None everywhere (``backend_ops.presence_check``), in the
+    first group's collective, or alone when this rank has no dense gradient."""
     if not s.process_set.included():
         return grads
     out = list(grads)
     world = s.process_set.size()
-    dense = []
+    dense, sparse, shared = [], [], []
     for i, g in enumerate(grads):
+        if variables is not None and id(variables[i]) in s.local_ids:
+            if g is not None:
+                out[i] = g / world if s.scale_local_gradients and world > 1 else g
+            continue
+        shared.append(i)
         if g is None:
             continue
-        if variables is not None and id(variables[i]) in s.local_ids:
-            out[i] = g / world if s.scale_local_gradients and world > 1 else g
-        elif backend_ops.is_sparse(g) and not s.sparse_as_dense:
-            if world > 1:
-                out[i] = backend_ops.sparse_allreduce(g, f"{s.name}.sparse.{i}", s.op, s.process_set)
+        if backend_ops.is_sparse(g) and not s.sparse_as_dense:
+            sparse.append(i)
         else:
             out[i] = backend_ops.to_dense(g)
             dense.append(i)
     if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
         return out
+    carrier = [backend_ops.presence_check([grads[i] for i in shared], None if variables is None else
+                                          [variables[i] for i in shared], s.name, s.process_set, KERAS_REMEDY)]
+    if not dense:
+        backend_ops.check_alone(carrier.pop())
     allreduce_in_groups(out, dense, variables, s.groups, s.compression, lambda tensors, name: (
-        backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set)), s.name)
+        backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set,
+                                      carrier.pop() if carrier else None)), s.name)
+    for i in sparse:
+        out[i] = backend_ops.sparse_allreduce(grads[i], f"{s.name}.sparse.{i}", s.op, s.process_set)
     return out
 
 

@@ -19,6 +19,7 @@ from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import overlap
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.mpi_ops import _grouped_allreduce, _set_size, collective_chain
+from horovod.tensorflow.none_gradients import TAPE_REMEDY, check_node, grouped_allreduce_checked, host_check
 
 
 def _key(source):
@@ -31,10 +32,12 @@ def _key(source):
 
 
 def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: ReduceOp,
-                             gradient_predivide_factor: float, groups, process_set: ProcessSet):
+                             gradient_predivide_factor: float, groups, process_set: ProcessSet,
+                             remedy: str = TAPE_REMEDY):
     """grads (and their variables) -> reduced grads. Dense grads of one group go out as one grouped allreduce
     (one fused exchange; with HOROVOD_TF_OVERLAP_BYTES, inside a tf.function, large ones start alone as soon as
-    they exist, see ``overlap``); IndexedSlices go as two allgathers."""
+    they exist, see ``overlap``); IndexedSlices go as two allgathers, after them. First the ranks check that
+    the same gradients are None everywhere (``none_gradients``; ``remedy`` ends its error)."""
     from horovod.tensorflow import allreduce  # the public one (handles IndexedSlices and compression)
 
     op = ReduceOp(op)
@@ -60,15 +63,30 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
 
     def _reduce(grads: List, variables: Optional[List], base: str) -> List:
         out = list(grads)
+        # Before any gradient collective, the ranks check that the same gradients are None everywhere
+        # (``none_gradients``): inside the first dense group's node, or in a node of its own. Not with the early
+        # starts of HOROVOD_TF_OVERLAP_BYTES, which must depend on their gradient alone (see none_gradients).
+        check = host_check(grads, variables, base, process_set, who=name, remedy=remedy)
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        if not groups and op != Adasum and overlap.usable():   # HOROVOD_TF_OVERLAP_BYTES set
+            if dense:
+                _as_ready(out, dense, base)
+        elif dense:
+            carrier = [check]
+
+            def grouped(tensors: List, group_name: str) -> List:
+                if carrier:
+                    return grouped_allreduce_checked(tensors, group_name, op, prescale, postscale, process_set,
+                                                     carrier.pop())
+                return _grouped(tensors, group_name)
+
+            allreduce_in_groups(out, dense, variables, groups, compression, grouped, base, key=_key)
+        else:
+            check_node(check)
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
                 out[i] = allreduce(g, op=op, name=f"{base}.sparse.{i}", ignore_name_scope=True,
                                    process_set=process_set)
-        if not groups and op != Adasum and dense and overlap.usable():   # HOROVOD_TF_OVERLAP_BYTES set
-            _as_ready(out, dense, base)
-        else:
-            allreduce_in_groups(out, dense, variables, groups, compression, _grouped, base, key=_key)
         return out
 
     def _as_ready(out: List, dense: List[int], base: str) -> None:
@@ -147,15 +165,21 @@ class _DistributedGradientTape(tf.GradientTape):
                                            self.scale_local_gradients, self.process_set)
         return tf.nest.pack_sequence_as(gradients, reduced)
 
-    def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
-        gradients = super(self.__class__, self).gradient(target, sources, output_gradients)
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The gradients of ``target`` with respect to ``sources``, averaged across ranks. A source the target
+        does not depend on gets None (on every rank alike, or every rank raises ``NoneGradientError`` naming it),
+        or zeros with ``unconnected_gradients=tf.UnconnectedGradients.ZERO`` (as ``tf.GradientTape``)."""
+        gradients = super(self.__class__, self).gradient(target, sources, output_gradients,
+                                                         unconnected_gradients=unconnected_gradients)
         return self._reduce(gradients, sources)
 
-    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False,
+                                       unconnected_gradients=tf.UnconnectedGradients.NONE):
         """Upstream's split view of :meth:`gradient`: ``(local_vars_grads, global_vars_grads)``, two lists of
         ``(source, gradient)`` pairs in the order of ``sources``: the registered local sources with this rank's
         own gradient (scaled as in ``gradient``), and the others with the reduced one."""
-        gradients = self.gradient(target, sources, output_gradients, use_generic_names)
+        gradients = self.gradient(target, sources, output_gradients, use_generic_names, unconnected_gradients)
         local_pairs, global_pairs = [], []
         for source, grad in zip(tf.nest.flatten(sources), tf.nest.flatten(gradients, expand_composites=False)):
             (local_pairs if _key(source) in self._local_sources else global_pairs).append((source, grad))

@@ -25,6 +25,9 @@ from horovod.tensorflow.mpi_ops import rank
 log = logging.getLogger("horovod.tensorflow")
 
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
+# The end of the error every rank raises when a gradient is None on some ranks only (``none_gradients``).
+_REMEDY = ("Make the loss depend on the same variables on every rank, or pass var_list= with only the variables "
+           "it depends on, the same list on every rank.")
 
 
 class _DistributedOptimizer(_LegacyOptimizer):
@@ -40,7 +43,8 @@ class _DistributedOptimizer(_LegacyOptimizer):
         super().__init__(name=name, use_locking=use_locking)
         self._optimizer = optimizer
         self._allreduce_grads = _make_allreduce_grads_fn(name, compression, sparse_as_dense, op,
-                                                         gradient_predivide_factor, groups, process_set)
+                                                         gradient_predivide_factor, groups, process_set,
+                                                         remedy=_REMEDY)
         self._local_vars: set = set()
         self.process_set = process_set
         self.scale_local_gradients = scale_local_gradients

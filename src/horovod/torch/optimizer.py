@@ -36,6 +36,7 @@ from horovod.torch.optimizer_parts import (
     register_gradient_hooks,
     set_passes,
 )
+from horovod.torch.unused_parameters import UnusedParameters, missing_parameters
 
 log = logging.getLogger("horovod.torch")
 
@@ -63,6 +64,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = fixed_groups(groups, [p for p in all_params if p.requires_grad], torch.Tensor)
         self._group_of = {p: i for i, group in enumerate(self._groups or []) for p in group}
         self._group_ready: Dict[int, set] = {}
+        trainable = {id(p) for p in all_params if p.requires_grad}
+        self._unused = UnusedParameters([(k, v) for k, v in named_parameters if id(v) in trainable], process_set)
         if process_set.included() and (size() > 1 or config.get("HOROVOD_ELASTIC")):
             self._register_hooks()
 
@@ -147,9 +150,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        # Parameters whose hook never fired (no gradient on this rank, or fewer passes than configured).
-        for p in self._requires_update - set(self._handles):
-            self._handles[p] = (None, None)
+        # Parameters whose hook never fired (no gradient on this rank): still allreduced (as zeros), so that no
+        # rank waits; the ranks compare notes once the gradients are done (unused_parameters) and name them.
+        missing = missing_parameters(self)
+        if self._requires_update:
+            for p in missing:
+                self._handles[p] = (None, None)
         pending_groups = set()
         for p, (handle, _ctx) in list(self._handles.items()):
             if handle is not None:
@@ -180,6 +186,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._write_back(p, output, *ctx)
             self._allreduce_delay[p] = self.backward_passes_per_step
         self._handles.clear()
+        self._unused.record(missing)
         self._synchronized = True
 
     def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx, compressed, original) -> None:

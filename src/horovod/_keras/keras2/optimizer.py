@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from horovod._keras.flavor import tf_keras
 from horovod._keras.keras2 import session
-from horovod._keras.optimizer import _Settings, local_layer_list, settings_for
+from horovod._keras.optimizer import KERAS_REMEDY, _Settings, local_layer_list, settings_for
 from horovod.tensorflow.compression import Compression as _TFCompression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, reduce_global_keep_local
@@ -77,7 +77,7 @@ class _State:
         self.local_keys: set = set()
         self.allreduce_grads = _make_allreduce_grads_fn(
             settings.name, tf_compression(settings.compression), settings.sparse_as_dense, settings.op,
-            settings.gradient_predivide_factor, settings.groups, settings.process_set)
+            settings.gradient_predivide_factor, settings.groups, settings.process_set, remedy=KERAS_REMEDY)
         self.helper: Optional[LocalGradientAggregationHelper] = None
         if settings.backward_passes_per_step > 1:
             self.helper = LocalGradientAggregationHelper(
