@@ -1,12 +1,17 @@
 """``horovod.backends.mesh.build_mesh``: ranks in threads of one process connect to each other (same host: Unix
-sockets; a host name of their own: TCP), stray connections are rejected, and a missing peer is a timeout."""
+sockets; a host name of their own: TCP), stray connections are rejected, and a peer that does not connect within
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` fails the set-up with HorovodInternalError naming it."""
 import socket
 import threading
+import time
 
 import pytest
 
+from horovod.backends import mesh as mesh_module
 from horovod.backends.mesh import build_mesh
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.topology import Topology
+from tests.support.timing import SLACK_S
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,6 +83,62 @@ def test_stray_connection_is_rejected_and_a_missing_peer_times_out(caplog):
         stray.shutdown(socket.SHUT_WR)
         return [me, dict(me, rank=1)]
 
-    with pytest.raises(TimeoutError, match=r"Rank\(s\) \[1\] did not connect to rank 0 within 2s"):
-        build_mesh(topo(0, 2, "h"), KEY, publish, 1, 2.0, "127.0.0.1")
+    with pytest.raises(HorovodInternalError, match=r"Rank 0 and rank\(s\) 1 did not connect within 2 s "
+                                                   r"\(--gloo-timeout-seconds / HOROVOD_GLOO_TIMEOUT_SECONDS\)"):
+        build_mesh(topo(0, 2, "h"), KEY, publish, 1, 20.0, "127.0.0.1", connect_timeout=2.0)
     assert "rank 0: rejected a connection" in caplog.text
+
+
+def test_the_gloo_timeout_bounds_the_connections_not_the_start_timeout(monkeypatch):
+    # Every rank reached the rendezvous, but rank 2 never connects: HOROVOD_GLOO_TIMEOUT_SECONDS (1 s) ends the
+    # set-up on rank 0, long before the start timeout (60 s) would.
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "1")
+
+    def publish(me, remaining):
+        return [me, dict(me, rank=1), dict(me, rank=2)]
+
+    started = time.monotonic()
+    with pytest.raises(HorovodInternalError) as raised:
+        build_mesh(topo(0, 3, "h"), KEY, publish, 1, 60.0, "127.0.0.1")
+    assert time.monotonic() - started < 1.0 + SLACK_S
+    message = str(raised.value)
+    assert "rank(s) 1, 2 did not connect within 1 s" in message and "HOROVOD_GLOO_TIMEOUT_SECONDS" in message
+
+
+def test_a_lower_rank_that_cannot_be_reached_is_named():
+    # Rank 1 connects to rank 0 over TCP (another host name); nothing listens at rank 0's address any more.
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))
+    port = spare.getsockname()[1]
+    spare.close()
+
+    def publish(me, remaining):
+        return [dict(me, rank=0, host="h0", port=port, uds="\0horovod-test-nobody"), me]
+
+    with pytest.raises(HorovodInternalError, match=r"Rank 1 and rank\(s\) 0 did not connect within 1 s .*"
+                                                   r"rank 0: could not connect to h0 at 127\.0\.0\.1:\d+ \(.*refused"):
+        build_mesh(topo(1, 2, "h1"), KEY, publish, 1, 20.0, "127.0.0.1", connect_timeout=1.0)
+
+
+@pytest.mark.parametrize("value,expected", [(None, 30.0), ("5", 5.0), ("0", 12.0)])
+def test_the_connect_timeout_comes_from_the_knob(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", value)
+    assert mesh_module.connect_timeout_from_config(12.0) == expected
+
+
+def test_init_raises_horovod_internal_error_when_the_data_plane_cannot_be_set_up(monkeypatch):
+    from horovod.core import basics
+
+    def no_peer(topo, generation, mpi):
+        raise HorovodInternalError("Rank 0 and rank(s) 1 did not connect within 1 s (--gloo-timeout-seconds / "
+                                   "HOROVOD_GLOO_TIMEOUT_SECONDS)")
+
+    monkeypatch.setattr(basics.logging_setup, "configure", lambda rank: None)   # keep this process's logging
+    monkeypatch.setattr(basics, "_detect", lambda comm: (None, Topology(0, 2, 0, 2, 0, 1, "h", "test")))
+    monkeypatch.setattr(basics, "_start", no_peer)
+    with pytest.raises(HorovodInternalError, match=r"Horovod initialization failed on rank 0 of 2: Rank 0 and "
+                                                   r"rank\(s\) 1 did not connect .*HOROVOD_GLOO_TIMEOUT_SECONDS"):
+        basics.init()

@@ -21,6 +21,9 @@ class Backend(abc.ABC):
     """A data plane over one group of ranks."""
 
     name = "base"
+    # Bytes of the running collective this rank is through (best effort: the planes with a chunked pipeline set
+    # it at each chunk; the engine zeroes it per batch). The data-plane watchdog reports it when a peer stalls.
+    progress = 0
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from horovod.backends import peer_waits
 from horovod.common import wire
 
 # Messages up to this size are sent before receiving without a helper thread: the kernel socket buffers
@@ -88,6 +89,19 @@ class _Sender:
                 self._cond.notify()
 
 
+def _recv_exact(sock: socket.socket, view: memoryview, wait: peer_waits.PeerWait) -> None:
+    """Fill ``view`` from the socket, telling ``wait`` (the data-plane watchdog's view of it) how far it got."""
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise wire.PeerClosedError("connection closed by peer")
+        got += k
+        wait.done += k
+        wait.last = time.monotonic()
+
+
 class Comm:
     """A group of ranks with a socket to each member; ``rank``/``size`` are positions within the group."""
 
@@ -124,6 +138,7 @@ class Comm:
 
     def recv_into(self, peer: int, view: memoryview) -> None:
         sock = self.socks[peer]
+        wait = peer_waits.begin(self.global_ranks[peer], self.hosts[peer], sock, len(view))
         try:
             if self.spin_s:
                 # A peer in the same collective usually answers within microseconds: poll briefly so that
@@ -143,9 +158,12 @@ class Comm:
                 if got == n:
                     return
                 view = view[got:]
-            wire.recv_into_exact(sock, view)
+                wait.done = got
+            _recv_exact(sock, view, wait)
         except (OSError, wire.PeerClosedError) as exc:
             raise self._lost(peer, exc) from None
+        finally:
+            peer_waits.end(wait)
 
     def sendrecv(self, dst: int, send_view: memoryview, src: int, recv_view: memoryview) -> None:
         """Send to ``dst`` while receiving from ``src``; safe for any sizes."""

@@ -5,6 +5,11 @@ Ranks on the same host talk over abstract Unix sockets (no files, and about 15 Â
 different hosts over TCP. Every connection is authenticated with the job's secret before either side reads a
 byte of payload. Besides one data socket per pair, every worker opens a control socket to rank 0, the
 coordinator, for negotiation.
+
+Two bounds, as upstream's Gloo context has: the exchange of addresses is bounded by the start timeout
+(``HOROVOD_START_TIMEOUT``: every rank must reach the rendezvous), the connections once the addresses are known by
+``HOROVOD_GLOO_TIMEOUT_SECONDS`` (``--gloo-timeout-seconds``): a peer that does not connect in time fails the
+set-up with :class:`HorovodInternalError` naming it.
 """
 from __future__ import annotations
 
@@ -76,7 +81,8 @@ def _connect(info: dict, same_host: bool, key: bytes, hello: bytes, deadline: fl
         except OSError as exc:
             last = exc
             if time.monotonic() > deadline:
-                raise ConnectionError(f"could not connect to {info['host']}:{info['port']} ({last})") from exc
+                raise ConnectionError(f"could not connect to {info['host']} at {info['addr']}:{info['port']} "
+                                      f"({last})") from exc
             time.sleep(0.05)
 
 
@@ -192,15 +198,28 @@ def _accept_peers(listeners: List[socket.socket], expected: int, key: bytes, gen
         selector.close()
 
 
+def connect_timeout_from_config(start_timeout: float) -> float:
+    """``HOROVOD_GLOO_TIMEOUT_SECONDS``, the bound on connecting the peers; a value of 0 or less means the start
+    timeout."""
+    import horovod.common.config as config
+
+    value = float(config.get("HOROVOD_GLOO_TIMEOUT_SECONDS"))
+    return value if value > 0 else start_timeout
+
+
 def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generation, timeout: float,
-               bind_addr: str) -> Mesh:
+               bind_addr: str, connect_timeout: Optional[float] = None) -> Mesh:
     """Connect this rank to every other rank of the job (called by every rank at init), or of a process set
     (``topo`` then gives the rank's position in the set and the set's size).
 
     ``publish`` shares this rank's listening addresses and returns every rank's, in rank order: through the
     rendezvous store under horovodrun (:func:`kv_publish`), through an MPI allgather under mpirun, or through
-    the global set's engine for a process set. On failure every socket opened here is closed again.
+    the global set's engine for a process set; it gets ``timeout`` seconds. Then the peers connect within
+    ``connect_timeout`` seconds (default: :func:`connect_timeout_from_config`), else HorovodInternalError names
+    the missing ranks. On failure every socket opened here is closed again.
     """
+    if connect_timeout is None:
+        connect_timeout = connect_timeout_from_config(timeout)
     deadline = time.monotonic() + timeout
     rank, size = topo.rank, topo.size
     uds_name = f"\0horovod-{wire.secret_fingerprint(key)}-{generation}-{topo.hostname}-{rank}"
@@ -212,7 +231,7 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generat
               "rank": rank, "size": size}
         infos = publish(me, max(0.1, deadline - time.monotonic()))
         hosts = [i["host"] for i in infos]
-        _connect_peers(topo, key, generation, timeout, deadline, listeners, infos, data, control)
+        _connect_peers(topo, key, generation, connect_timeout, listeners, infos, data, control)
     except BaseException:
         Mesh(rank, size, [], data, control, listeners).close()
         raise
@@ -225,11 +244,13 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generat
     return Mesh(rank, size, hosts, data, control, [])
 
 
-def _connect_peers(topo: Topology, key: bytes, generation: Generation, timeout: float, deadline: float,
+def _connect_peers(topo: Topology, key: bytes, generation: Generation, timeout: float,
                    listeners: List[socket.socket], infos: List[dict], data: List[Optional[socket.socket]],
                    control: Dict[int, socket.socket]) -> None:
     """Connect to every lower rank (and, on a worker, the control socket to rank 0) while accepting every higher
-    one, filling ``data`` and ``control``."""
+    one, filling ``data`` and ``control``, all within ``timeout`` seconds; HorovodInternalError names the peers
+    that did not connect."""
+    deadline = time.monotonic() + timeout
     rank, size = topo.rank, topo.size
     hosts = [i["host"] for i in infos]
     expected = (size - 1 - rank) + (size - 1 if rank == 0 else 0)
@@ -238,16 +259,37 @@ def _connect_peers(topo: Topology, key: bytes, generation: Generation, timeout: 
                                 args=(listeners, expected, key, generation, rank, size, deadline, data, control,
                                       errors))
     acceptor.start()
+    unreachable: Dict[int, BaseException] = {}
     try:
         for peer in range(rank):
-            data[peer] = _connect(infos[peer], hosts[peer] == topo.hostname, key,
-                                  wire.pack(["data", rank, generation]), deadline)
-        if rank != 0:
-            control[0] = _connect(infos[0], hosts[0] == topo.hostname, key,
-                                  wire.pack(["ctrl", rank, generation]), deadline)
+            try:
+                data[peer] = _connect(infos[peer], hosts[peer] == topo.hostname, key,
+                                      wire.pack(["data", rank, generation]), deadline)
+            except ConnectionError as exc:
+                unreachable[peer] = exc
+        if rank != 0 and 0 not in unreachable:
+            try:
+                control[0] = _connect(infos[0], hosts[0] == topo.hostname, key,
+                                      wire.pack(["ctrl", rank, generation]), deadline)
+            except ConnectionError as exc:
+                unreachable[0] = exc
     finally:
         acceptor.join(max(0.1, deadline - time.monotonic()) + 1.0)
-    if errors or acceptor.is_alive():
-        missing = [p for p in range(rank + 1, size) if data[p] is None]
-        raise TimeoutError(f"Rank(s) {missing} did not connect to rank {rank} within {timeout:.0f}s "
-                           f"({errors[0] if errors else 'timeout'}).")
+    if unreachable or errors or acceptor.is_alive():
+        silent = [p for p in range(rank + 1, size) if data[p] is None]
+        if rank == 0:
+            silent += [p for p in range(1, size) if p not in control and p not in silent]
+        raise HorovodInternalError(_not_connected(rank, sorted(set(silent) | set(unreachable)), timeout,
+                                                  unreachable, errors))
+
+
+def _not_connected(rank: int, missing: List[int], timeout: float, unreachable: Dict[int, BaseException],
+                   errors: List[BaseException]) -> str:
+    """The message of a data plane that could not be set up: which ranks, the bound and its knob, what to check."""
+    causes = [f"rank {peer}: {exc}" for peer, exc in sorted(unreachable.items())]
+    causes += [str(exc) for exc in errors if not isinstance(exc, TimeoutError)]
+    return (f"Rank {rank} and rank(s) {', '.join(map(str, missing))} did not connect within {timeout:g} s "
+            "(--gloo-timeout-seconds / HOROVOD_GLOO_TIMEOUT_SECONDS), although every rank reached the rendezvous"
+            + (f" ({'; '.join(causes)})" if causes else "") + ". Check that the hosts can reach each other on the "
+            "data plane's addresses (a firewall, or the interface: --network-interfaces / HOROVOD_GLOO_IFACE), that "
+            "those ranks are not stuck, or raise --gloo-timeout-seconds.")

@@ -239,6 +239,7 @@ class ShmBackend(Backend):
         barrier = self.comm.barrier
         for base in range(0, total, per_chunk):
             n = min(per_chunk, total - base)
+            self.progress = base * dtype.itemsize
             with activity("MEMCPY_IN_FUSION_BUFFER"):     # the shared segment is the fusion buffer
                 if len(inputs) == 1:
                     scaled_copy(mine[:n], inputs[0][base:base + n], prescale)

@@ -94,8 +94,9 @@ _KNOBS = [
          inert=True),
     Knob("HOROVOD_THREAD_AFFINITY", _str, "", "Comma-separated core ids, one per local rank, for the engine thread."),
     Knob("HOROVOD_GLOO_TIMEOUT_SECONDS", float, 30.0,
-         "Rendezvous and connection timeout. Accepted, no effect (HOROVOD_START_TIMEOUT bounds the start).",
-         inert=True),
+         "Seconds for the ranks to connect their data-plane sockets to each other at init (and when a process set "
+         "is registered), once every rank reached the rendezvous (HOROVOD_START_TIMEOUT bounds that); a peer that "
+         "does not connect in time fails init with HorovodInternalError naming it. 0 = HOROVOD_START_TIMEOUT."),
     Knob("HOROVOD_GLOO_IFACE", _str, "", "Network interface for the tcp data plane."),
     Knob("HOROVOD_GLOO_RENDEZVOUS_ADDR", _str, "", "Rendezvous server address (set by horovodrun)."),
     Knob("HOROVOD_GLOO_RENDEZVOUS_PORT", int, 0, "Rendezvous server port (set by horovodrun)."),
@@ -117,8 +118,8 @@ _KNOBS = [
     Knob("HOROVOD_SPARK_START_TIMEOUT", float, 600.0,
          "horovod.spark.run/run_elastic: seconds for the job's Spark tasks to start (start_timeout overrides it)."),
     Knob("HOROVOD_ELASTIC_TIMEOUT", float, 600.0,
-         "Elastic: seconds to wait for enough slots. Accepted, no effect (elastic mode is not available yet).",
-         inert=True),
+         "Elastic: seconds the driver waits for --min-np slots, at the start and at every re-form, before the job "
+         "fails (--elastic-timeout overrides it)."),
     # Topology (set by horovodrun).
     Knob("HOROVOD_RANK", int, -1, "Global rank of this process (set by the launcher)."),
     Knob("HOROVOD_SIZE", int, -1, "Number of processes (set by the launcher)."),
@@ -176,6 +177,12 @@ _KNOBS = [
          "Plain `srun` without horovodrun: the file (in a directory every node sees) where rank 0 writes the job "
          "secret (0600, made with O_EXCL; its address goes to <file>.addr); unset = "
          "~/.horovod/slurm-<job id>.<step id>.key.", ours=True),
+    Knob("HOROVOD_FLIGHT_RECORDER_SIZE", int, 2000,
+         "Collectives each rank remembers per process set (the flight recorder), written out as JSON on a stall "
+         "or deadlock report, an abort or SIGUSR1 (docs/timeline.md); 0 turns the recorder off.", ours=True),
+    Knob("HOROVOD_FLIGHT_RECORDER_DIR", _str, "",
+         "Folder that every rank writes its flight record into (rank.<rank>.json); horovodrun sets a fresh "
+         "./horovod-flight/<date>-<time>-<id> per job when unset.", ours=True),
     Knob("HOROVOD_FAST_ROUNDS", parse_bool, True,
          "Let a small blocking allreduce agree and reduce through shared memory, without the coordinator, when "
          "every rank is on one host and idle (docs/architecture.md); 0 sends every op through the coordinator.",

@@ -16,6 +16,11 @@ the authenticated key-value store of :mod:`horovod.common.kvstore`; a worker ope
 - **Host notices.** When discovery changes the hosts, the driver puts ``[timestamp, HostUpdateResult]`` under
   :data:`NOTIFY_SCOPE`, keys ``0, 1, 2, ...``, and the next key in :data:`ROUNDS_SCOPE` ``notify_seq``. Each
   worker long-polls the next key (:func:`start_notification_poller`) and hands it to the notification manager.
+- **Preemption.** A worker that receives SIGTERM from anyone but the driver (a spot instance about to be
+  reclaimed) puts ``{"signal": "SIGTERM"}`` under :data:`LEAVE_SCOPE`, key ``<worker id>``
+  (:func:`announce_leaving`), then leaves at its next commit. Before the driver signals workers itself (the job
+  ends, a worker is stopped for not reporting), it puts :data:`STOP_SCOPE` ``<worker id>``, or ``*`` for all
+  (:func:`mark_stopping`): a worker that finds it there takes the SIGTERM as an order to stop, not as a preemption.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from horovod.common import wire
 from horovod.common.kvstore import KVStoreClient
@@ -36,6 +41,9 @@ ASSIGN_SCOPE = "elastic.assign"
 ROUNDS_SCOPE = "elastic.rounds"
 NOTIFY_SCOPE = "elastic.notify"
 NOTIFY_SEQ_KEY = "notify_seq"
+LEAVE_SCOPE = "elastic.leave"
+STOP_SCOPE = "elastic.stop"
+ALL_WORKERS = "*"
 WORKER_ID_ENV = "HOROVOD_ELASTIC_WORKER_ID"     # which process the driver started on the slot
 POLL_SECONDS = 30.0
 
@@ -154,3 +162,24 @@ def publish_notice(store, update: int, timestamp: Optional[float] = None) -> int
     store.put(NOTIFY_SCOPE, str(seq), wire.pack([time.time() if timestamp is None else timestamp, int(update)]))
     store.put(ROUNDS_SCOPE, NOTIFY_SEQ_KEY, str(seq + 1).encode())
     return seq
+
+
+def driver_stops(kv: KVStoreClient, worker_id: str) -> bool:
+    """Worker side: whether the driver is stopping this worker itself (:func:`mark_stopping`)."""
+    return kv.get(STOP_SCOPE, ALL_WORKERS) is not None or kv.get(STOP_SCOPE, worker_id) is not None
+
+
+def announce_leaving(kv: KVStoreClient, worker_id: str, signal_name: str = "SIGTERM") -> bool:
+    """Worker side: tell the driver that this process leaves the job (it was preempted). False, and nothing is
+    said, when the driver is stopping this worker itself (:func:`mark_stopping`): the signal came from it."""
+    if driver_stops(kv, worker_id):
+        return False
+    kv.put(LEAVE_SCOPE, worker_id, wire.pack({"signal": signal_name}))
+    return True
+
+
+def mark_stopping(store, worker_ids: Optional[Iterable[str]] = None) -> None:
+    """Driver side, before it signals workers: these workers (all when None) are stopped by the driver, so the
+    SIGTERM they get is no preemption."""
+    for worker_id in ([ALL_WORKERS] if worker_ids is None else worker_ids):
+        store.put(STOP_SCOPE, worker_id, b"1")

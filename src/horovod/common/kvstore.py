@@ -191,6 +191,13 @@ class KVStoreClient:
     def items(self, scope: str) -> Dict[str, bytes]:
         return self._call("items", scope)[1]
 
+    def local_address(self) -> Optional[str]:
+        """This end's IP address (the interface that reaches the store)."""
+        try:
+            return self._sock.getsockname()[0]
+        except OSError:
+            return None
+
     def close(self) -> None:
         try:
             self._sock.close()

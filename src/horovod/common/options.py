@@ -236,9 +236,9 @@ _ELASTIC = [
            keyword="max_np"),
     Option("slots", ELASTIC, ("--slots-per-host",), "Number of slots for processes per host. Normally 1 slot per "
            "GPU per host.", type=int, keyword="slots"),
-    Option("elastic_timeout", ELASTIC, ("--elastic-timeout",), "Timeout for elastic initialisation after "
-           "re-scaling the cluster. The default value is 600 seconds. Alternatively, the environment variable "
-           "HOROVOD_ELASTIC_TIMEOUT can also be used.", type=int),
+    Option("elastic_timeout", ELASTIC, ("--elastic-timeout",), "Seconds the elastic driver waits for --min-np "
+           "slots, when the job starts and at every re-form, before the job fails. The default value is 600 "
+           "seconds. Alternatively, the environment variable HOROVOD_ELASTIC_TIMEOUT can also be used.", type=int),
     Option("reset_limit", ELASTIC, ("--reset-limit",), "Maximum number of times that the training job can scale up "
            "or down the number of workers after which the job is terminated. (default: None)", type=int,
            keyword="reset_limit"),
@@ -285,8 +285,10 @@ _LIBRARY = [
     Option("thread_affinity", LIBRARY, ("--thread-affinity",), "Horovod background thread affinity: a core id, or a "
            "comma-separated list of core ids, one per local rank.", kind=TUNABLE, type=str,
            env="HOROVOD_THREAD_AFFINITY", file_key="library_options.thread_affinity", check=check_thread_affinity),
-    Option("gloo_timeout_seconds", LIBRARY, ("--gloo-timeout-seconds",), "Timeout in seconds for rendezvous and "
-           "connections to complete. (default: %(default)s)", kind=TUNABLE, type=int, defaulted=True,
+    Option("gloo_timeout_seconds", LIBRARY, ("--gloo-timeout-seconds",), "Seconds for the ranks to connect their "
+           "data-plane sockets at init, once all of them reached the rendezvous (--start-timeout bounds that); a "
+           "rank that does not connect in time fails init, named. (default: %(default)s)", kind=TUNABLE, type=int,
+           defaulted=True,
            env="HOROVOD_GLOO_TIMEOUT_SECONDS", file_key="library_options.gloo_timeout_seconds", bounds=(0, None)),
     Option("log_level", LOGGING, ("--log-level",), "Minimum level to log to stderr from the Horovod backend. "
            "(default: WARNING).", kind=TUNABLE, choices=tuple(LOG_LEVELS), env="HOROVOD_LOG_LEVEL",

@@ -24,14 +24,15 @@ from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstr
     nccl_built,
     rocm_built,
 )
-from horovod.common.exceptions import not_initialized
+from horovod.common.exceptions import HorovodInternalError, not_initialized
 from horovod.core import elastic_join
 from horovod.core.controller.fusion import aligned_threshold
 from horovod.core.engine import Engine
 from horovod.core.engine.observer import EngineObserver
 from horovod.core.engine.settings import EngineSettings
-from horovod.core.observers import stall_inspector
+from horovod.core.observers import flight_recorder, heartbeat, stall_inspector
 from horovod.core.observers import timeline as timeline_recording
+from horovod.core.observers import watchdog as _watchdog  # noqa: F401  (watches every engine's data plane)
 from horovod.core.observers.autotune import make_autotuner
 from horovod.core.observers.tuning import AutotuneObserver
 from horovod.core.process_set_table import JobContext, ProcessSetTable, exchange
@@ -86,8 +87,10 @@ def init(comm: Optional[object] = None, process_sets: Union[Sequence[ProcessSet]
             except Exception as exc:
                 if mpi is not None:
                     mpi.close()
-                raise ValueError(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") \
-                    from exc
+                # The data plane could not be set up (a peer never connected within HOROVOD_GLOO_TIMEOUT_SECONDS):
+                # the error a program catches around collectives, as upstream's Gloo timeout.
+                error = HorovodInternalError if isinstance(exc, HorovodInternalError) else ValueError
+                raise error(f"Horovod initialization failed on rank {topo.rank} of {topo.size}: {exc}") from exc
         _state.generation = generation + 1
         _state.topo = topo
         _state.engine = engine
@@ -102,9 +105,17 @@ def init(comm: Optional[object] = None, process_sets: Union[Sequence[ProcessSet]
             atexit.register(shutdown)
             _state.atexit_registered = True
         _register_static(process_sets)
+        flight_recorder.install_signal_handler()        # SIGUSR1: this rank's flight record and stacks
+        heartbeat.start(topo.rank, _status)
         log.info("Horovod initialized: rank %d of %d (local %d/%d) on %s, started by %s, data plane: %s",
                  topo.rank, topo.size, topo.local_rank, topo.local_size, topo.hostname,
                  f"MPI ({mpi.library})" if mpi is not None else topo.source, reason)
+
+
+def _status() -> dict:
+    """What this rank's engines are doing, for its heartbeat (see core/observers/heartbeat.py)."""
+    current = _state.engine
+    return heartbeat.status_lines(([current] if current is not None else []) + _state.sets.engines())
 
 
 def _detect(comm: Optional[object]):
@@ -146,15 +157,16 @@ def _settings(topo: topology.Topology) -> EngineSettings:
         bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
         bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
         fast_rounds=config.get("HOROVOD_FAST_ROUNDS"),
+        flight_recorder_size=config.get("HOROVOD_FLIGHT_RECORDER_SIZE"),
         affinity=_engine_core(topo))
 
 
 def _observers(topo: topology.Topology) -> List[EngineObserver]:
     """What watches rank 0's engine: the stall inspector and deadlock detector, and the autotuner when on (rank 0
-    decides; every rank applies its values, see ``Engine.set_params``). Other ranks have none."""
+    decides; every rank applies its values, see ``Engine.set_params``). Other ranks: the flight recorder only."""
+    observers: List[EngineObserver] = flight_recorder.observers()       # every rank
     if topo.rank != 0:
-        return []
-    observers: List[EngineObserver] = []
+        return observers
     stall = stall_inspector.observer_from_config(topo.size)
     if stall is not None:
         observers.append(stall)
@@ -206,8 +218,11 @@ def _job(topo: topology.Topology, key: bytes, generation: int, bind_addr: str,
     """What starting a process set's engine will need to know about this job."""
 
     def set_observers(ranks: List[int], where: str) -> List[EngineObserver]:
+        observers: List[EngineObserver] = flight_recorder.observers()   # every member; the rest: its coordinator
+        if topo.rank != ranks[0]:
+            return observers
         stall = stall_inspector.observer_from_config(len(ranks), ranks, where)
-        observers: List[EngineObserver] = [stall] if stall is not None else []
+        observers += [stall] if stall is not None else []
         recording = timeline_recording.recording(_state.engine) if _state.engine is not None else None
         if recording is not None:           # the set's tensors go into the timeline being recorded
             observers.append(timeline_recording.TimelineObserver(recording.timeline, owner=False))
@@ -266,6 +281,7 @@ def shutdown() -> None:
         mpi, _state.mpi = _state.mpi, None
         if engine is None:
             return
+        heartbeat.stop()
         _state.sets.close()             # the sets' engines first: they may still use the global one's sockets
         _state.job = None
         for bound in list(_state.bound):

@@ -45,7 +45,7 @@ class JobContext:
     mpi: Optional[MPIContext]
     timeout: float              # HOROVOD_START_TIMEOUT
     settings: Callable[[], EngineSettings]
-    observers: Callable[[List[int], str], List[EngineObserver]]     # the set coordinator's, for (ranks, where)
+    observers: Callable[[List[int], str], List[EngineObserver]]     # this member's, for (ranks, where)
 
 
 @dataclasses.dataclass
@@ -172,7 +172,7 @@ def start_set_engine(job: JobContext, global_engine: Engine, process_set_id: int
     settings = job.settings()
     settings.hosts = mesh.hosts
     where = f" in process set {process_set_id} (ranks {ranks})"
-    observers = job.observers(ranks, where) if position == 0 else []
+    observers = job.observers(ranks, where)
     engine = Engine(position, len(ranks), backend, mesh.control, settings, observers=observers, ranks=ranks,
                     process_set_id=process_set_id).start()
     log.info("rank %d: process set %d (ranks %s) started, data plane: %s", topo.rank, process_set_id, ranks,

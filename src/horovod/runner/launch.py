@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, List, Optional, Sequence, Set
 
+from . import flight_folder
 from .common.util import arguments, config_parser, hosts
 from .util import lsf, slurm
 
@@ -285,6 +286,7 @@ def _worker_base_env(args: Any) -> dict:
     for dest, var in config_parser.DEFAULTED_ARGS.items():
         if dest not in explicit and os.environ.get(var):
             env[var] = os.environ[var]
+    flight_folder.choose(env)           # one folder of flight records for every rank of the job
     return env
 
 
@@ -456,7 +458,7 @@ def run_commandline(argv: Optional[Sequence[str]] = None) -> None:
     try:
         _run(args)
     except (JobFailedError, JobInterruptedError, MpirunError) as exc:   # JsrunError is an MpirunError
-        log.error("%s", exc)
+        log.error("%s%s", exc, flight_folder.failure_note())
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         log.error("Interrupted (SIGINT): all ranks were stopped.")

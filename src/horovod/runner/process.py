@@ -6,7 +6,7 @@ Ctrl-C in the terminal reaches only ``horovodrun``). Every output line is forwar
 ``<output_dir>/rank.<padded rank>/{stdout,stderr}``.
 
 When a rank exits with a non-zero status, the others are stopped (SIGTERM to their process groups, SIGKILL after
-a short grace) and :class:`JobFailedError` names the first rank that failed, its host, its exit status and its
+a short grace; ranks that are writing their flight records get up to a second first, see flight_folder.py) and :class:`JobFailedError` names the first rank that failed, its host, its exit status and its
 last output lines. SIGINT, SIGTERM or SIGHUP to the launcher stops every rank the same way.
 """
 from __future__ import annotations
@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 from typing import IO, Deque, Dict, Iterator, List, Optional, Sequence
+
+from . import flight_folder
 
 log = logging.getLogger("horovod.runner")
 
@@ -96,11 +98,11 @@ def format_failure(failure: WorkerExit) -> str:
 class JobFailedError(RuntimeError):
     """A rank exited with a non-zero status; the job was stopped. ``failure`` is the first such rank."""
 
-    def __init__(self, failure: WorkerExit) -> None:
+    def __init__(self, failure: WorkerExit, note: str = "") -> None:
         self.failure = failure
         rc = failure.returncode
         self.exit_code = rc if 0 < rc < 256 else (128 + (-rc) if rc < 0 else 1)
-        super().__init__(format_failure(failure))
+        super().__init__(format_failure(failure) + note)
 
 
 class JobInterruptedError(RuntimeError):
@@ -356,6 +358,7 @@ def stop_workers(workers: Sequence[WorkerProcess], grace: float) -> None:
     alive = [w for w in workers if w.proc.poll() is None]
     for w in alive:
         w.signal_group(signal.SIGTERM)
+        w.signal_group(signal.SIGCONT)      # a stopped rank (SIGSTOP, Ctrl-Z) acts on the SIGTERM only once continued
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(w.proc.poll() is None for w in alive):
         time.sleep(0.02)
@@ -368,6 +371,33 @@ def stop_workers(workers: Sequence[WorkerProcess], grace: float) -> None:
             w.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             log.warning("rank %d (pid %d) did not exit after SIGKILL", w.spec.rank, w.proc.pid)
+
+
+def stopped_note(workers: Sequence[WorkerProcess]) -> str:
+    """A line naming the local ranks that are stopped right now (SIGSTOP, Ctrl-Z, a debugger), or ''. A rank that
+    froze is what the others' stall reports point at; the launcher names it too."""
+    import psutil
+
+    found = []
+    for w in workers:
+        if w.proc.poll() is not None:
+            continue
+        try:
+            leader = psutil.Process(w.proc.pid)
+            procs = [leader] + leader.children(recursive=True)
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    found.append(f"rank {w.spec.rank} (pid {proc.pid} on {w.spec.hostname})")
+                    break
+            except psutil.Error:
+                pass
+    if not found:
+        return ""
+    return (f"\nWhen the job ended, {', '.join(found)} {'was' if len(found) == 1 else 'were'} stopped (SIGSTOP, "
+            "Ctrl-Z or a debugger): the others' stall reports point at it.")
 
 
 def reap_leftovers(workers: Sequence[WorkerProcess]) -> None:
@@ -396,6 +426,7 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
     events: queue.SimpleQueue = queue.SimpleQueue()
     workers: List[WorkerProcess] = []
     first_failure: Optional[WorkerProcess] = None
+    stopped = ""                  # the note on ranks found stopped when a rank failed
     stop_signal: Optional[int] = None
     previous = _install_signal_handlers(events)
     size = len(specs)
@@ -425,6 +456,8 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
             log.error("Process %d failed (%s) on %s. Terminating remaining workers after failure of Process %d.",
                       first_failure.spec.rank, describe_returncode(first_failure.proc.returncode),
                       first_failure.spec.hostname, first_failure.spec.rank)
+            stopped = stopped_note(workers)
+            flight_folder.await_records(workers, first_failure.proc.returncode)    # the others' flight records
             stop_workers(workers, grace)
         elif stop_signal is not None:
             log.error("Received %s: stopping all %d ranks.", signal.Signals(stop_signal).name, len(workers))
@@ -439,4 +472,4 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
     if stop_signal is not None:
         raise JobInterruptedError(stop_signal)
     if first_failure is not None:
-        raise JobFailedError(first_failure.exit_info())
+        raise JobFailedError(first_failure.exit_info(), stopped)

@@ -1,4 +1,5 @@
 """``python -m horovod.timeline summary FILE``: print where the time went in a Horovod timeline.
+``python -m horovod.timeline flight DIR``: compare the ranks' flight records (horovod/timeline/flight.py).
 
 Exit status: 0 on success, 2 when the file cannot be read as a timeline or the plot cannot be made (the reason is
 printed on one line to stderr).
@@ -11,6 +12,7 @@ import os
 import sys
 from typing import List, Optional
 
+from horovod.timeline.flight import FlightError, compare_folder
 from horovod.timeline.plot import PlotError, plot_summary, require_matplotlib
 from horovod.timeline.reader import TimelineError
 from horovod.timeline.report import format_report
@@ -42,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="how many of the slowest tensors to list (default: 10; 0: all)")
     summary.add_argument("--plot", metavar="OUT.png", help="also draw the summary into this PNG (needs matplotlib)")
     summary.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    flight = commands.add_parser(
+        "flight", help="compare the ranks' flight records: where they first diverge, per process set",
+        description="Compare the flight records the ranks wrote (rank.<rank>.json, on a stall, an abort or "
+                    "SIGUSR1): per process set, the first collective where the ranks diverge, which ranks "
+                    "submitted, started and finished it, which never came, and each rank's last completed one.")
+    flight.add_argument("folder", metavar="DIR", help="the job's folder of flight records (HOROVOD_FLIGHT_RECORDER_DIR)")
+    flight.add_argument("--json", action="store_true", help="print the comparison as JSON")
     return parser
 
 
@@ -54,6 +63,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "flight":
+        return _flight(args)
     if args.command != "summary":
         parser.print_help(sys.stderr)
         return 2
@@ -76,6 +87,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # e.g. piped into `head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _flight(args: argparse.Namespace) -> int:
+    try:
+        text, data = compare_folder(args.folder)
+    except FlightError as exc:
+        return _error(str(exc))
+    _print(json.dumps(data, indent=2) + "\n" if args.json else text)
+    return 0
+
+
+def _print(text: str) -> None:
+    try:
+        print(text, end="")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into `head`: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

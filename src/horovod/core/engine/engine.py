@@ -9,8 +9,11 @@ lists in the same order, which is what makes the data plane's collectives line u
 
 The parts, one module each: :mod:`.settings` (what it runs with), :mod:`.state` (its life cycle),
 :mod:`.control` (the control channel), :mod:`.loops` (the coordinator's and the workers' loops),
-:mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per collective) and
-:mod:`.observer` (the hooks that the timeline, stall inspector and autotuner implement).
+:mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per collective),
+:mod:`.observer` (the hooks that the timeline, stall inspector and autotuner implement), :mod:`.flight` (the
+flight record of recent collectives) and :mod:`.lifecycle` (who hears of engines starting and stopping: the
+data-plane watchdog). The engine thread publishes the batch it runs (``running``) for the watchdog, and fails a
+stalled batch with the watchdog's report (``stall_reason``).
 
 Failure handling: a peer whose socket closes, or any error inside a collective, aborts the engine. Every
 pending and future handle then fails with :class:`HorovodInternalError`, and this process's sockets close, so
@@ -25,7 +28,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Type, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
 
@@ -36,7 +39,7 @@ from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
-from horovod.core.engine import fast_rounds, loops
+from horovod.core.engine import fast_rounds, flight, lifecycle, loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
@@ -59,7 +62,7 @@ ObserverT = TypeVar("ObserverT", bound=EngineObserver)
 class Entry:
     """This rank's side of one named collective: its request, buffers and handle."""
 
-    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index")
+    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index", "flight")
 
     def __init__(self, request: list, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
                  handle: Handle, index: int = 0,
@@ -70,6 +73,7 @@ class Entry:
         self.allocate = allocate
         self.handle = handle
         self.index = index
+        self.flight: Optional[list] = None      # this collective's flight record (core/engine/flight.py)
 
     @property
     def name(self) -> str:
@@ -101,6 +105,9 @@ class Engine:
         self.queue: collections.deque[Entry] = collections.deque()
         self.table: Dict[str, Entry] = {}
         self.fast = self._fast_rounds(backend)
+        self.flight_ring = (flight.FlightRing(settings.flight_recorder_size, process_set_id, self.ranks, rank,
+                                              flight.plane_namer(backend))
+                            if settings.flight_recorder_size > 0 else None)
         self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
         self.parks: List[tuple] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
@@ -111,6 +118,11 @@ class Engine:
         self._wake_r.setblocking(False)
         self.state = EngineState.RUNNING
         self.error: Optional[HorovodInternalError] = None     # why it stopped, once STOPPED
+        # The batch the engine thread is running and since when (the data-plane watchdog reads it), and the
+        # watchdog's report when it ended a stalled collective (the failure then carries it).
+        self.running: Optional[Tuple[List[TensorResponse], float]] = None
+        self.stall_reason: Optional[str] = None
+        self._orphans: List[Entry] = []       # a failed batch's entries, for the abort to fail with its reason
         self.hooks = Hooks()
         for observer in observers:
             self.add_observer(observer)
@@ -120,7 +132,13 @@ class Engine:
     # ------------------------------------------------------------------ user side
     def start(self) -> Engine:
         self._thread.start()
+        lifecycle.tell(self, True)
         return self
+
+    @property
+    def thread_ident(self) -> Optional[int]:
+        """The engine thread's identifier (None before it starts)."""
+        return self._thread.ident
 
     @property
     def alive(self) -> bool:
@@ -183,6 +201,8 @@ class Engine:
             else:
                 k = fast.post_fast(entry, key)
                 self.fast_entry = entry
+                if self.flight_ring is not None:
+                    self.flight_ring.submit((entry,), time.time())
         if not k:
             self.enqueue([entry])
             return
@@ -192,11 +212,13 @@ class Engine:
         except HorovodInternalError as exc:
             with self.lock:
                 self.fast_entry = None
+            flight.failed((entry,), time.time(), str(exc))
             entry.handle.set_error(exc)
             return
         if matched:
             with self.lock:
                 self.fast_entry = None
+            flight.fast_round(entry.flight, time.time())
             entry.handle.set_result(entry.index, entry.output)
             return
         self._admit([entry], post=False)        # the round did not match: the coordinator decides
@@ -209,6 +231,7 @@ class Engine:
             if self.state is EngineState.STOPPED:
                 if not post:
                     self.fast_entry = None
+                    flight.failed(entries, time.time(), str(self.error))
                 for entry in entries:
                     entry.handle.set_error(HorovodInternalError(str(self.error)))
                 return
@@ -225,6 +248,8 @@ class Engine:
                     fast.post_slow(seal=entries[0].request[1] == RequestType.JOIN)
                 else:
                     self.fast_entry = None
+            if post and self.flight_ring is not None:
+                self.flight_ring.submit(entries, time.time())
             notice = self.waits.notice
             for entry in entries:
                 self.table[entry.name] = entry
@@ -321,7 +346,7 @@ class Engine:
                 loops.worker_loop(self)
         except PeerLostError as exc:
             self._aborting()
-            self._abort(self.control.root_cause(str(exc)))
+            self._abort(self.stall_reason or self.control.root_cause(str(exc)))
         except HorovodInternalError as exc:
             self._aborting()
             self._abort(str(exc))
@@ -398,6 +423,7 @@ class Engine:
     def apply(self, items: List[list]) -> None:
         """Decode a response list against the cache state before it, update the cache, then execute it."""
         cache = self.cache
+        arrived = time.time() if self.flight_ring is not None else None     # negotiated, for the flight record
         decoded = []
         for item in items:
             kind = item[0]
@@ -415,7 +441,7 @@ class Engine:
                         cache.put(response)
         for kind, payload, _ in decoded:
             if kind == BATCH:
-                self._execute(payload)
+                self._execute(payload, arrived)
             elif kind == ERROR:
                 self._fail_names(payload[1], payload[2])
             elif kind == PARAMS:
@@ -423,6 +449,7 @@ class Engine:
             elif kind == JOIN:
                 entry = self._pop("join.noname")
                 if entry is not None:
+                    flight.completed((entry,), arrived, time.time())
                     entry.handle.set_result(entry.index, payload[1])
 
     def _fail_names(self, names: List[str], message: str) -> None:
@@ -432,30 +459,47 @@ class Engine:
         for name in names:
             entry = self._pop(name)
             if entry is not None:
+                flight.failed((entry,), time.time(), message)
                 entry.handle.set_error(HorovodInternalError(message))
 
     def _pop(self, name: str) -> Optional[Entry]:
         with self.lock:
             return self.table.pop(name, None)
 
-    def _execute(self, batch: List[TensorResponse]) -> None:
+    def _execute(self, batch: List[TensorResponse], arrived: Optional[float] = None) -> None:
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
         observers = self.hooks.batch
+        if self.flight_ring is not None:
+            flight.started(entries, arrived, time.time())
+        self.running = (batch, time.monotonic())
+        self.backend.progress = 0
         try:
             if not observers:
                 run_batch(self, batch, entries)
             else:
                 self._run_observed(observers, batch, entries)
         except BaseException as exc:
+            if isinstance(exc, PeerLostError) and self.stall_reason is None:
+                # A lost peer: the abort that follows learns the root cause (another rank's reason may be on its
+                # way, see ControlChannel.root_cause) and fails these entries with it.
+                self._orphans.extend(e for e in entries if e is not None)
+                raise
             # These entries already left the table, so the abort that follows cannot reach them: fail them here.
-            error = HorovodInternalError(str(exc) if isinstance(exc, (PeerLostError, HorovodInternalError)) else
-                                         f"{RequestType(batch[0].rtype).name} of tensor '{batch[0].name}' failed "
-                                         f"on rank {self.global_rank}: {type(exc).__name__}: {exc}")
+            error = HorovodInternalError(self.stall_reason or (
+                str(exc) if isinstance(exc, (PeerLostError, HorovodInternalError)) else
+                f"{RequestType(batch[0].rtype).name} of tensor '{batch[0].name}' failed on rank "
+                f"{self.global_rank}: {type(exc).__name__}: {exc}"))
+            flight.failed(entries, time.time(), str(error))
             for entry in entries:
                 if entry is not None:
                     entry.handle.set_error(error)
             raise
+        else:
+            if self.flight_ring is not None:
+                flight.done(entries, time.time())
+        finally:
+            self.running = None
 
     def _run_observed(self, observers: Sequence[EngineObserver], batch: List[TensorResponse],
                       entries: List[Optional[Entry]]) -> None:
@@ -476,9 +520,11 @@ class Engine:
         with self.lock:
             if self.state is not EngineState.STOPPED:
                 self.state, self.error = EngineState.STOPPED, error
-            entries = list(self.table.values())
+            entries = self._orphans + list(self.table.values())
+            self._orphans = []
             self.table.clear()
             self.queue.clear()
+        flight.failed(entries, time.time(), str(error))
         for entry in entries:
             entry.handle.set_error(HorovodInternalError(str(error)))
 
@@ -490,7 +536,21 @@ class Engine:
     def _abort(self, reason: str) -> None:
         log.error("rank %d: %s", self.global_rank, reason)
         self.control.send_abort(reason)
+        self.incident("abort", reason)
         self.fail_all(HorovodInternalError(reason))
+
+    def incident(self, kind: str, message: str) -> None:
+        """Tell the observers (the flight recorder) that the job is in trouble, before any handle fails: "abort" (its
+        pending collectives are marked failed first) or "report" (a stall or deadlock report). Engine thread."""
+        if kind == "abort":
+            with self.lock:
+                pending = [*self._orphans, *self.table.values(), self.fast_entry]
+            flight.failed(pending, time.time(), message)
+        for observer in self.hooks.incident:
+            try:
+                observer.on_incident(kind, message)
+            except Exception:
+                log.debug("rank %d: an engine observer failed on an incident", self.global_rank, exc_info=True)
 
     def _close_fast_rounds(self) -> None:
         """Drop the fast rounds' views of the shared segment once no caller is inside a round (a waiter sees the
@@ -507,6 +567,7 @@ class Engine:
                 fast.close()
 
     def _close(self) -> None:
+        lifecycle.tell(self, False)
         for observer in self.hooks.all:
             try:
                 observer.close()
@@ -515,6 +576,8 @@ class Engine:
         with self.lock:
             if self.state is not EngineState.STOPPED:
                 self.state, self.error = EngineState.STOPPED, HorovodInternalError(SHUT_DOWN_MESSAGE)
+        if self.flight_ring is not None:
+            self.flight_ring.close()
         for sock in (self._wake_r, self._wake_w):
             try:
                 sock.close()

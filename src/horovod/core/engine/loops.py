@@ -156,6 +156,7 @@ def _inspect(engine: Engine) -> Optional[float]:
 
     def report(message: str) -> None:
         engine.control.broadcast(["D", message], best_effort=True)     # every rank logs the report
+        engine.incident("report", message)                              # ... and writes its flight record
 
     for observer in observers:
         wanted = observer.inspect(coord, now, report)
@@ -230,4 +231,5 @@ def _from_coordinator(engine: Engine, msg: list) -> bool:
         raise HorovodInternalError(msg[1])
     elif kind == "D":
         stall_log.error("%s", msg[1])
+        engine.incident("report", msg[1])
     return True

@@ -1,5 +1,7 @@
 """What the engine tells those who watch it: the timeline, the stall inspector and deadlock detector, the
-autotuner. The engine calls these hooks on its own thread and knows nothing else of its observers.
+autotuner, the flight recorder. The engine calls these hooks on its own thread and knows nothing else of its
+observers. (The flight recorder's records themselves are written by the engine directly, see flight.py: a batch
+hook would cost every collective a call, and turn the fast rounds off.)
 
 Every hook does nothing by default, so an observer implements only what it needs. Hooks must be quick: they run
 between collectives. A hook may raise :class:`~horovod.common.exceptions.HorovodInternalError` to end the job
@@ -35,6 +37,11 @@ class EngineObserver:
     def on_error(self, names: List[str], message: str) -> None:
         """The coordinator failed ``names`` with ``message`` (mismatched requests, for example)."""
 
+    def on_incident(self, kind: str, message: str) -> None:
+        """Every rank: the job is in trouble. ``kind`` is "abort" (this engine aborts with ``message``; called
+        before any pending handle fails) or "report" (a stall or deadlock report). Observers that keep records
+        write them out (the flight recorder does); must not raise."""
+
     def inspect(self, coordinator: Coordinator, now: float, report: Callable[[str], None]) -> Optional[float]:
         """Rank 0, while some tensors are submitted by only part of the ranks: look at them. ``report`` logs a
         message on every rank. Returns the seconds until this observer wants to look again (None: no need)."""
@@ -69,6 +76,7 @@ class Hooks:
     cycle: Tuple[EngineObserver, ...] = ()
     batch: Tuple[EngineObserver, ...] = ()
     error: Tuple[EngineObserver, ...] = ()
+    incident: Tuple[EngineObserver, ...] = ()
     inspect: Tuple[EngineObserver, ...] = ()
     propose: Tuple[EngineObserver, ...] = ()
 
@@ -77,5 +85,6 @@ class Hooks:
         observers = tuple(observers)
         return cls(observers, cycle=_implementing(observers, "on_cycle"),
                    batch=_implementing(observers, "on_batch_start", "on_batch_end"),
-                   error=_implementing(observers, "on_error"), inspect=_implementing(observers, "inspect"),
+                   error=_implementing(observers, "on_error"), incident=_implementing(observers, "on_incident"),
+                   inspect=_implementing(observers, "inspect"),
                    propose=_implementing(observers, "propose", "finished"))

@@ -28,6 +28,7 @@ from horovod.core.engine.settings import (
     confirm_seconds,
     lapse_seconds,  # noqa: F401  (the deadlock timing, named here too)
 )
+from horovod.core.observers import peer_state
 
 log = logging.getLogger("horovod.stall")
 
@@ -65,6 +66,8 @@ class StallInspector:
             shutdown_s = 0.0
         self.shutdown_s = shutdown_s
         self.interval = max(0.05, min(1.0, warning_s / 4))
+        # Add each missing rank's state and Python stack (peer_state: up to 2 s, once per report).
+        self.where_missing = True
         self.next_check = 0.0
         self._warned: Dict[str, float] = {}     # tensor name -> when we last warned about it
 
@@ -109,6 +112,9 @@ class StallInspector:
             more = f" and {len(names) - MAX_NAMES_PER_RANK} more" if len(names) > MAX_NAMES_PER_RANK else ""
             mark = "!" if shutdown and any(w > self.shutdown_s for _, w in names) else ""
             lines.append(f"{self.ranks[rank]}{mark}: [{shown}{more}]")
+        if self.where_missing and missing:
+            lines.append("Where the missing ranks are:")
+            lines.append(peer_state.describe_ranks([self.ranks[rank] for rank in sorted(missing)]))
         if shutdown:
             lines.append(f"Shutting down: tensors stalled for more than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
                          f"{self.shutdown_s:g} s. Make every rank submit the same tensors (same names, same "

@@ -13,9 +13,16 @@ it forever, its issue #3014). Then, as upstream: any success ends the job, faile
 blacklisted, the reset limit is checked, the driver waits up to the elastic timeout for ``min_np`` slots, and
 it publishes the next round: waiting workers get their new rank (older hosts keep the lower ranks), workers whose
 slot is gone are told to exit, and new slots get new workers.
+
+A worker that receives SIGTERM from outside (spot preemption) announces that it leaves; the driver publishes a
+host notice, so that every rank re-forms at the next commit, and records the worker as LEFT when it exits: no
+failure, no blacklisting, and its slot stays out of the job (:mod:`.preemption`). The driver's own SIGTERMs (the
+job ends, an unresponsive worker is stopped) are announced in the store first, so workers do not take them for a
+preemption.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import signal
@@ -27,14 +34,15 @@ from horovod.common import config, wire
 from horovod.common.elastic import HostUpdateResult
 from horovod.common.elastic_rendezvous import (
     ASSIGN_SCOPE,
+    LEAVE_SCOPE,
     READY_SCOPE,
     ROUNDS_SCOPE,
     broken_key,
+    mark_stopping,
     notice_count,
     publish_notice,
-    slot_key,
 )
-from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
+from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.process import (
     JobFailedError,
     JobInterruptedError,
@@ -47,7 +55,8 @@ from horovod.runner.process import (
 )
 
 from .discovery import DiscoveredHosts, HostDiscovery, HostManager
-from .registration import FAILURE, READY, SUCCESS, Decision, WorkerStateRegistry
+from .preemption import LeftSlots
+from .registration import FAILURE, LEFT, READY, SUCCESS, Decision, WorkerStateRegistry
 
 log = logging.getLogger("horovod.elastic")
 
@@ -59,9 +68,9 @@ GRACE_SECONDS = 3.0
 CreateWorker = Callable[[SlotInfo, "queue.SimpleQueue", str], WorkerProcess]
 
 
-def _placement(slots) -> List[tuple]:
+def _placement(plan: Dict[str, SlotInfo]) -> List[tuple]:
     """What an assignment decides for each slot, in rank order: equal placements need no re-forming."""
-    return sorted((s.rank, s.size, s.hostname, s.local_rank) for s in slots)
+    return sorted((s.rank, s.size, slot, s.local_rank) for slot, s in plan.items())
 
 
 class ElasticDriver:
@@ -94,6 +103,8 @@ class ElasticDriver:
         self._started = 0
         self._waiting: Dict[str, dict] = {}             # slot -> its unanswered request for a round
         self._exits: Dict[str, WorkerExit] = {}         # slot -> how it failed, in the current round
+        self._leaving: Dict[str, str] = {}              # slot -> the signal its worker announced leaving on
+        self._left = LeftSlots()                        # slots kept out of the job after their worker left
         self._reforming_since: Optional[float] = None
         self._finishing = False
         self._stop_signal: Optional[int] = None
@@ -101,6 +112,7 @@ class ElasticDriver:
         self._create_worker: Optional[CreateWorker] = None
         self._discovery_thread: Optional[threading.Thread] = None
         self._store.watch(READY_SCOPE, lambda key, value: self.events.put(("ready", key, value)))
+        self._store.watch(LEAVE_SCOPE, lambda key, value: self.events.put(("leave", key, value)))
 
     # ------------------------------------------------------------------ public API
 
@@ -145,6 +157,8 @@ class ElasticDriver:
         self._shutdown.set()
         workers = list(self._workers.values())
         self._workers.clear()
+        if workers:
+            mark_stopping(self._store)      # the SIGTERM that follows is no preemption
         stop_workers(workers, GRACE_SECONDS)
         reap_leftovers(workers)
         for worker in workers:
@@ -158,9 +172,8 @@ class ElasticDriver:
         deadline = time.monotonic() + self._timeout
         announced = False
         while True:
-            with self._hosts_lock:
-                current = self._host_manager.current_hosts
-                slots, hosts = current.count_available_slots(), len(current.available_hosts)
+            current = self._current_hosts()
+            slots, hosts = self._left.count_usable(current), len(current.available_hosts)
             if slots >= min_num_proc and hosts >= min_hosts:
                 return current
             self._check_signal()
@@ -176,6 +189,13 @@ class ElasticDriver:
             time.sleep(0.1)
 
     # ------------------------------------------------------------------ discovery
+
+    def _current_hosts(self) -> DiscoveredHosts:
+        """The discovery's latest answer; preempted slots of hosts it no longer lists are forgotten."""
+        with self._hosts_lock:
+            current = self._host_manager.current_hosts
+        self._left.forget_missing(current.host_slots)
+        return current
 
     def _first_discovery(self) -> None:
         """Ask the discovery once before starting anything: a failure here is a misconfiguration, so it ends the
@@ -204,12 +224,11 @@ class ElasticDriver:
     def _on_hosts(self, update: HostUpdateResult) -> None:
         """Tell the workers that the hosts changed, when that changes the assignment (rank 0 decides when to
         re-form, at its next commit). While a round re-forms there is nothing to tell: it uses the new hosts."""
+        current = self._current_hosts()
         if self._round < 0 or self._reforming_since is not None or self._finishing:
             return
-        with self._hosts_lock:
-            current = self._host_manager.current_hosts
-        upcoming = self._plan(current) if current.count_available_slots() >= self._min_np else []
-        if _placement(upcoming) == _placement(self._assignment.values()):
+        upcoming = self._plan(current) if self._left.count_usable(current) >= self._min_np else {}
+        if _placement(upcoming) == _placement(self._assignment):
             log.debug("hosts changed (%s) without changing the assignment: no notice", update)
             return
         publish_notice(self._store, int(update))
@@ -238,6 +257,8 @@ class ElasticDriver:
             self._check_signal()
         elif kind == "ready":
             self._on_ready(event[1], wire.unpack(event[2]))
+        elif kind == "leave":
+            self._on_leave(event[1], wire.unpack(event[2]))
         elif kind == "exit":
             self._on_exit(event[1])
         elif kind == "hosts":
@@ -254,6 +275,9 @@ class ElasticDriver:
             # A process this driver no longer runs on the slot: one whose ssh session died with its host's link
             # while it lived on; a newer process has the slot now.
             self._answer(slot, request, {"exit": "a newer worker took its slot"})
+            return
+        if slot in self._leaving:
+            self._answer(slot, request, {"exit": f"it was preempted ({self._leaving[slot]})"})
             return
         member = slot in self._assignment
         if member and request["after"] < self._round and self._reforming_since is None:
@@ -274,7 +298,11 @@ class ElasticDriver:
         self._waiting.pop(slot, None)
         worker.close()
         if slot not in self._assignment:
+            self._leaving.pop(slot, None)
             log.debug("%s exited after leaving the job", slot)
+            return
+        if slot in self._leaving:
+            self._on_left(slot, worker.proc.returncode)
             return
         if worker.proc.returncode == 0:
             self._registry.record(slot, SUCCESS)
@@ -286,6 +314,37 @@ class ElasticDriver:
         log.warning("worker %s (rank %d) failed: %s", slot, self._assignment[slot].rank, info.status)
         if not self._finishing:
             self._begin_reform(f"{slot} failed ({info.status})")
+
+    def _on_leave(self, worker_id: str, message: dict) -> None:
+        """A worker announced that it leaves the job: it received SIGTERM, and not from this driver (a spot
+        instance about to be reclaimed). Every rank is told to re-form at its next commit, through a host notice;
+        the worker leaves then (or answers its next request for a round with an exit)."""
+        slot = next((key for key, known in self._worker_ids.items() if known == worker_id), None)
+        if slot is None or slot not in self._workers or slot in self._leaving or slot not in self._assignment:
+            log.debug("ignoring a departure from %s: not a running worker of the job", worker_id)
+            return
+        signal_name = str(message.get("signal", "SIGTERM"))
+        self._leaving[slot] = signal_name
+        self._left.add(slot)
+        log.info("worker %s (rank %d) received %s: it leaves the job at its next commit", slot,
+                 self._assignment[slot].rank, signal_name)
+        if slot in self._waiting:
+            self._answer(slot, self._waiting[slot], {"exit": f"it was preempted ({signal_name})"})
+        elif self._reforming_since is None and not self._finishing:
+            publish_notice(self._store, int(HostUpdateResult.removed))
+
+    def _on_left(self, slot: str, returncode: Optional[int]) -> None:
+        """A worker that announced its departure is gone: LEFT, neither a failure nor a success."""
+        signal_name = self._leaving.pop(slot)
+        self._registry.record(slot, LEFT)
+        info = self._assignment[slot]
+        remaining = sum(1 for key in self._assignment if self._registry.state(key) not in (LEFT, FAILURE))
+        log.info("rank %d on host %s was preempted (%s) and left the job; continuing with %d worker%s", info.rank,
+                 info.hostname, signal_name, remaining, "" if remaining == 1 else "s")
+        if returncode:
+            log.debug("%s exited with status %s after it announced its departure", slot, returncode)
+        if not self._finishing:
+            self._begin_reform(f"{slot} was preempted")
 
     def _begin_reform(self, reason: str) -> None:
         if self._reforming_since is not None:
@@ -316,6 +375,9 @@ class ElasticDriver:
             raise JobFailedError(self._first_failure())
         if decision is Decision.RESET_LIMIT:
             raise RuntimeError(self._registry.reset_limit_message())
+        if decision is Decision.ALL_LEFT:
+            raise RuntimeError(f"Every worker of round {self._round} was preempted and left the job, so no worker "
+                               "holds the training state: start the job again (from your last checkpoint).")
         self._form_round(self.wait_for_available_slots(self._min_np))
         return False
 
@@ -331,9 +393,19 @@ class ElasticDriver:
         return min(failures, key=lambda f: f.rank)
 
     def _stop_unresponsive(self, waited: float) -> None:
-        """Stop the round's workers that neither asked for the next round nor exited; they count as failed."""
-        for slot in self._registry.unrecorded():
+        """Stop the round's workers that neither asked for the next round nor exited; they count as failed (a
+        worker that announced its departure still counts as left)."""
+        unrecorded = self._registry.unrecorded()
+        mark_stopping(self._store, [self._worker_ids[slot] for slot in unrecorded if slot in self._worker_ids])
+        for slot in unrecorded:
             worker = self._workers.pop(slot, None)
+            if slot in self._leaving:
+                if worker is not None:
+                    stop_workers([worker], GRACE_SECONDS)
+                    reap_leftovers([worker])
+                    worker.close()
+                self._on_left(slot, None if worker is None else worker.proc.returncode)
+                continue
             log.warning("worker %s did not leave round %d within %.0f s of its failure: stopping it and "
                         "blacklisting its host", slot, self._round, waited)
             if worker is not None:
@@ -350,20 +422,20 @@ class ElasticDriver:
 
     # ------------------------------------------------------------------ rounds
 
-    def _plan(self, current: DiscoveredHosts) -> List[SlotInfo]:
-        hosts = [HostInfo(host, current.get_slots(host)) for host in current.host_assignment_order]
-        return get_host_assignments(hosts, self._min_np, self._max_np)
+    def _plan(self, current: DiscoveredHosts) -> Dict[str, SlotInfo]:
+        """The places of a round on ``current``'s hosts, keyed by slot (slots that left are kept out)."""
+        return self._left.plan(current, self._min_np, self._max_np)
 
     def _form_round(self, current: DiscoveredHosts) -> None:
         """Publish the next round: answer the waiting workers, start workers on the new slots."""
         plan = self._plan(current)
         if self._assignment:
             previous = {s.hostname for s in self._assignment.values()}
-            if not previous & {s.hostname for s in plan}:
+            if not previous & {s.hostname for s in plan.values()}:
                 raise RuntimeError("No hosts from previous set remaining, unable to broadcast state.")
         self._round += 1
         self._notices_from = notice_count(self._store)
-        self._assignment = {slot_key(s.hostname, s.local_rank): s for s in plan}
+        self._assignment = plan
         self._registry.reset({key: s.hostname for key, s in self._assignment.items()})
         self._reforming_since = None
         self._exits = {}
@@ -374,11 +446,15 @@ class ElasticDriver:
             if key not in self._workers:
                 self._started += 1
                 self._worker_ids[key] = f"{key}#{self._started}"
-                self._workers[key] = self._create_worker(info, self.events, self._worker_ids[key])
+                # The new worker's slot key comes from its local rank: give it the slot's index (its place in the
+                # round, which differs once a slot of the host left, comes from its request for a round).
+                start = dataclasses.replace(info, local_rank=LeftSlots.slot_index(key))
+                self._workers[key] = self._create_worker(start, self.events, self._worker_ids[key])
         for stale in range(max(0, self._round - 8), self._round - 1):
             self._store.delete_scope(f"mesh.{stale}")
-        log.info("round %d: %d workers on %d host(s): %s", self._round, len(plan), len(current.host_assignment_order),
-                 ", ".join(f"{s.hostname}[{s.local_rank}]=rank {s.rank}" for s in plan))
+        hosts = len({s.hostname for s in plan.values()})
+        log.info("round %d: %d workers on %d host(s): %s", self._round, len(plan), hosts,
+                 ", ".join(f"{s.hostname}[{LeftSlots.slot_index(key)}]=rank {s.rank}" for key, s in plan.items()))
 
     def _assignment_of(self, slot: str) -> dict:
         info = self._assignment[slot]

@@ -3,10 +3,12 @@
 thread waits on another and a worker that never reports cannot hang the job, see :mod:`.driver`).
 
 A worker of the round is READY when it asked for the next round (it left this one alive), SUCCESS when it exited
-with status 0 and FAILURE when it exited otherwise or was stopped for not reporting. The decision, once every
-worker of the round has a state, follows upstream: any success ends the job; all failures end it; otherwise the
-failed workers' hosts are blacklisted, and the job ends when no host is left or the reset limit is reached,
-else it re-forms.
+with status 0, LEFT when it announced that it was preempted (SIGTERM, see :mod:`.preemption`) and then exited, and
+FAILURE when it exited otherwise or was stopped for not reporting. The decision, once every worker of the round
+has a state, follows upstream: any success ends the job; all failures end it; otherwise the failed workers' hosts
+are blacklisted, and the job ends when no host is left or the reset limit is reached, else it re-forms. A worker
+that LEFT is neither: its host is not blacklisted, and the job goes on without it; when every worker of the round
+left, nobody holds the training state and the job ends (:data:`Decision.ALL_LEFT`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ log = logging.getLogger("horovod.elastic")
 READY = "READY"
 SUCCESS = "SUCCESS"
 FAILURE = "FAILURE"
+LEFT = "LEFT"
 
 
 class Decision(enum.Enum):
@@ -31,6 +34,7 @@ class Decision(enum.Enum):
     FAIL = "fail"            # every worker failed, or every host is blacklisted
     RESET_LIMIT = "limit"    # the reset limit is reached
     RESET = "reset"          # form the next round
+    ALL_LEFT = "all left"    # every worker of the round was preempted: nobody holds the state
 
 
 class WorkerStateRegistry:
@@ -51,10 +55,11 @@ class WorkerStateRegistry:
         self._states = {}
 
     def record(self, slot: str, state: str) -> None:
-        """Record a worker's state; a failure overrides an earlier READY (it died while it waited)."""
+        """Record a worker's state; a failure or a departure overrides an earlier READY (it died, or was
+        preempted, while it waited)."""
         if slot not in self._members:
             return
-        if slot in self._states and state != FAILURE:
+        if slot in self._states and not (state in (FAILURE, LEFT) and self._states[slot] == READY):
             return
         log.debug("record state: %s = %s", slot, state)
         self._states[slot] = state
@@ -84,12 +89,16 @@ class WorkerStateRegistry:
         if self.count(SUCCESS) > 0:
             log.info("success count == %d -> stop running", self.count(SUCCESS))
             return Decision.FINISH
-        if self.count(FAILURE) == self.size:
-            log.error("failure count == %d -> stop running", self.size)
+        if self.count(READY) == 0:
+            if self.count(FAILURE) == 0:
+                log.error("every worker of the round left (preempted) -> stop running")
+                return Decision.ALL_LEFT
+            log.error("failure count == %d -> stop running", self.count(FAILURE))
             return Decision.FAIL
         for slot in self.get(FAILURE):
             self._host_manager.blacklist(self._hosts[slot])
-        if all(self._host_manager.is_blacklisted(self._hosts[slot]) for slot in self._states):
+        if all(self._host_manager.is_blacklisted(self._hosts[slot]) for slot, state in self._states.items()
+               if state != LEFT):
             log.error("blacklisted slots count == %d -> stop running", self.size)
             return Decision.FAIL
         if self._reset_limit is not None and self.reset_count >= self._reset_limit:

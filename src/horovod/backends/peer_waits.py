@@ -1,0 +1,69 @@
+"""Where this process's threads wait for a peer in the data plane, right now.
+
+Every blocking receive of the socket data planes (:meth:`horovod.backends.comm.Comm.recv_into`: the shm plane's
+barriers, the tcp plane's rings and exchanges, both halves of the hierarchical plane) records itself on the board
+while it waits: which peer, over which socket, since when, how many bytes it expects and how many have come. The
+data-plane watchdog (:mod:`horovod.core.engine.watchdog`) reads the board from its own thread to notice a peer
+that stopped sending. A record costs one small object, a dict store and a pop per receive; its fields are
+written by the waiting thread and only read by the watchdog (a torn read costs at most one tick's accuracy).
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+_board: Dict[int, PeerWait] = {}     # thread ident -> that thread's current wait
+
+
+class PeerWait:
+    """One thread's blocking receive from one peer."""
+
+    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total")
+
+    def __init__(self, peer: int, host: str, sock: Optional[socket.socket], total: int) -> None:
+        self.peer = peer                # the peer's global rank
+        self.host = host                # the peer's host, as the mesh knows it
+        self.sock = sock
+        self.since = self.last = time.monotonic()     # the wait began; the last bytes came
+        self.done = 0
+        self.total = total
+
+    def quiet_for(self, now: float) -> float:
+        """Seconds since the peer last sent anything to this wait (or since it began)."""
+        return now - max(self.since, self.last)
+
+
+def begin(peer: int, host: str, sock: Optional[socket.socket], total: int) -> PeerWait:
+    """The calling thread starts waiting for ``total`` bytes from global rank ``peer``."""
+    wait = PeerWait(peer, host, sock, total)
+    _board[threading.get_ident()] = wait
+    return wait
+
+
+def end(wait: PeerWait) -> None:
+    """The calling thread's wait is over (whatever its outcome)."""
+    ident = threading.get_ident()
+    if _board.get(ident) is wait:
+        del _board[ident]
+
+
+def snapshot() -> List[Tuple[int, PeerWait]]:
+    """(thread ident, wait) for every thread waiting now."""
+    return list(_board.items())
+
+
+def peer_pid(wait: PeerWait) -> Optional[int]:
+    """The peer's process id when it is on this host (its socket is a Unix socket: the kernel's credentials)."""
+    sock = wait.sock
+    if sock is None or getattr(socket, "SO_PEERCRED", None) is None:
+        return None
+    try:
+        if sock.family != socket.AF_UNIX:
+            return None
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return None
+    pid = int.from_bytes(creds[:4], "little", signed=True)
+    return pid if pid > 0 else None
