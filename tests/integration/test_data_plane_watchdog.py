@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.support.launch import ROOT, horovodrun, rank_lines
+from tests.support.launch import ROOT, horovodrun, mpirun, rank_lines
 from tests.support.timing import SLACK_S
 
 WORKER = str(ROOT / "tests" / "integration" / "workers" / "freeze.py")
@@ -102,6 +102,23 @@ def test_without_a_shutdown_time_the_stall_is_reported_once_and_the_job_goes_on_
     assert "set HOROVOD_STALL_SHUTDOWN_TIME_SECONDS to end it" in out, out[-3000:]
     assert stalls(out, 1) == [], "the continued rank does not count the time it was stopped itself"
 
+
+
+def test_on_the_mpi_plane_a_frozen_rank_is_named_and_the_job_is_aborted(tmp_path):
+    """MPI does not say whom a call waits for: the report names the other ranks' states, and ends the job with
+    MPI_Abort (a blocking MPI call cannot be cut as a socket can)."""
+    stop_file = tmp_path / "stopped"
+    env = {"STOP_FILE": str(stop_file), "HOROVOD_CPU_OPERATIONS": "mpi", "HOROVOD_STALL_CHECK_TIME_SECONDS": str(CHECK),
+           "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(SHUTDOWN), "HOROVOD_FLIGHT_RECORDER_DIR": str(tmp_path)}
+    result = mpirun(2, [sys.executable, WORKER, "16", "2", "60"], env=env, timeout=TIMEOUT)
+    out = result.stdout
+    assert stop_file.exists() and result.returncode != 0, out[-5000:]
+    text = "\n".join(rank_lines(out, 0))
+    assert re.search(r"\[horovod WARNING rank 0\] Data plane stalled: rank 0 \(host \S+\) has waited [\d.]+ s inside "
+                     r"MPI_\w+ in ALLREDUCE of tensor 'allreduce\.stream\.\d' in the global process set \[mpi plane\], "
+                     r"which has run [\d.]+ s\. MPI does not say which rank it waits for; the other ranks:", text), text[-5000:]
+    assert re.search(r"Rank 1 \(host \S+, pid \d+\): stopped \(SIGSTOP, or a debugger holds it\)", text), text[-5000:]
+    assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=4 s" in text and "MPI_ABORT was invoked on rank 0" in out, out[-5000:]
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)

@@ -118,12 +118,14 @@ def test_start_timeline_without_horovod_timeline_says_how_to_enable_it(tmp_path)
         assert lines and "set HOROVOD_TIMELINE=DYNAMIC" in lines[0], result.stdout[-3000:]
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_stall_warning_names_the_missing_rank_within_the_check_time(np_):
+@pytest.mark.parametrize("np_,plane", [(2, {}), (3, {}), (3, {"HOROVOD_CPU_OPERATIONS": "tcp"})],
+                         ids=["2-shm", "3-shm", "3-tcp"])
+def test_stall_warning_names_the_missing_rank_within_the_check_time(np_, plane):
     # Rank 1 submits late, after the warning's bound (1 s check time + the slack of a loaded machine) and 1 s more.
     late = 1.0 + SLACK_S + 1.0
     result = horovodrun(np_, worker("stall.py", late, "late"), timeout=TIMEOUT,
-                        env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0"})
+                        env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "0",
+                             **plane})
     out = result.stdout
     warnings = [i for i, line in enumerate(rank_lines(out, 0)) if "WARNING" in line and "subset of ranks" in line]
     assert warnings, out[-5000:]
@@ -136,6 +138,14 @@ def test_stall_warning_names_the_missing_rank_within_the_check_time(np_):
     assert 1.0 <= waited < 1.0 + SLACK_S, entry
     if np_ == 3:
         assert not any(line.startswith("2: [") for line in after), after
+    # Where rank 1 is: its state, its heartbeat, and its Python stack, the program's own thread first (it sleeps).
+    report = lines[warnings[0]:warnings[0] + 40]
+    where = report.index("Where the missing ranks are:")
+    assert re.match(r"Rank 1 \(host \S+, pid \d+\): running \(\w+\)\. Its heartbeat is [\d.]+ s old: no collective "
+                    r"running \(it is in its own code\)\.", report[where + 1]), report
+    assert report[where + 2] == "Rank 1's Python stack (every thread, the program's own first):", report
+    assert report[where + 3] == "Thread 'MainThread':" and "stall.py" in report[where + 4], report
+    assert report[where + 5].strip() == "time.sleep(sleep)", report
     # No shutdown time: the stall resolves when rank 1 submits the tensor late, and the job succeeds.
     assert result.returncode == 0, out[-5000:]
     for r in range(np_):

@@ -12,11 +12,14 @@ numpy's kernels give the other data planes.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+import os
+import socket
+from typing import List, Sequence, Tuple
 
 import ml_dtypes
 import numpy as np
 
+from horovod.backends import peer_waits
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets
 from horovod.backends.reduce import scale_inplace, scaled_copy
@@ -35,8 +38,10 @@ class MPIBackend(Backend):
         from mpi4py import MPI
 
         super().__init__(comm.Get_rank(), comm.Get_size())
-        self.comm = comm
+        self.comm = _Watched(comm)
         self._MPI = MPI
+        # Every rank's (host, pid): MPI does not say whom a stalled call waits for, so the watchdog looks at all.
+        self.peers: List[Tuple[str, int]] = comm.allgather((socket.gethostname(), os.getpid()))
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                      ReduceOp.PRODUCT: MPI.PROD}
         self._bool_ops = {ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN,
@@ -115,6 +120,37 @@ class MPIBackend(Backend):
     def close(self) -> None:
         """The communicator belongs to the MPI context, which frees it."""
         return None
+
+
+class _Watched:
+    """The communicator, with each blocking collective recorded on the data-plane watchdog's board while it runs
+    (``horovod.backends.peer_waits``). The watchdog cannot cut an MPI call as it cuts a socket: to end a stall it
+    aborts the job (``MPI_Abort``), which ``mpirun`` turns into the end of every rank."""
+
+    _CALLS = ("Allreduce", "Allgatherv", "Bcast", "Alltoallv", "Reduce_scatter", "Barrier")
+
+    def __init__(self, comm) -> None:
+        self._comm = comm
+        for name in self._CALLS:
+            setattr(self, name, self._watched(name, getattr(comm, name)))
+
+    def _watched(self, name: str, call):
+        comm, label = self._comm, f"MPI_{name}"
+
+        def abort() -> None:
+            comm.Abort(1)
+
+        def watched(*args, **kwargs):
+            wait = peer_waits.begin(peer_waits.ANY_PEER, "", None, 0, label, abort)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                peer_waits.end(wait)
+
+        return watched
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Where this process's threads wait for a peer in the data plane, right now.
 
 Every blocking receive of the socket data planes (:meth:`horovod.backends.comm.Comm.recv_into`: the shm plane's
-barriers, the tcp plane's rings and exchanges, both halves of the hierarchical plane) records itself on the board
+barriers, the tcp plane's rings and exchanges, both halves of the hierarchical plane), and every blocking call of
+the MPI plane (which says neither which rank it waits for nor how far it got), records itself on the board
 while it waits: which peer, over which socket, since when, how many bytes it expects and how many have come. The
 data-plane watchdog (:mod:`horovod.core.engine.watchdog`) reads the board from its own thread to notice a peer
 that stopped sending. A record costs one small object, a dict store and a pop per receive; its fields are
@@ -12,32 +13,40 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 _board: Dict[int, PeerWait] = {}     # thread ident -> that thread's current wait
 
 
+ANY_PEER = -1       # an MPI call: MPI does not say which rank it waits for
+
+
 class PeerWait:
-    """One thread's blocking receive from one peer."""
+    """One thread's blocking receive from one peer, or (``peer`` is :data:`ANY_PEER`) one blocking MPI call."""
 
-    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total")
+    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total", "call", "abort")
 
-    def __init__(self, peer: int, host: str, sock: Optional[socket.socket], total: int) -> None:
-        self.peer = peer                # the peer's global rank
+    def __init__(self, peer: int, host: str, sock: Optional[socket.socket], total: int, call: str = "",
+                 abort: Optional[Callable[[], None]] = None) -> None:
+        self.peer = peer                # the peer's global rank (ANY_PEER inside an MPI call)
         self.host = host                # the peer's host, as the mesh knows it
         self.sock = sock
         self.since = self.last = time.monotonic()     # the wait began; the last bytes came
         self.done = 0
         self.total = total
+        self.call = call                # the MPI call waited in ("MPI_Allreduce"), else ""
+        self.abort = abort              # how to end a wait that no socket can cut (MPI: abort the job)
 
     def quiet_for(self, now: float) -> float:
         """Seconds since the peer last sent anything to this wait (or since it began)."""
         return now - max(self.since, self.last)
 
 
-def begin(peer: int, host: str, sock: Optional[socket.socket], total: int) -> PeerWait:
-    """The calling thread starts waiting for ``total`` bytes from global rank ``peer``."""
-    wait = PeerWait(peer, host, sock, total)
+def begin(peer: int, host: str, sock: Optional[socket.socket], total: int, call: str = "",
+          abort: Optional[Callable[[], None]] = None) -> PeerWait:
+    """The calling thread starts waiting for ``total`` bytes from global rank ``peer`` (or, with ``call``, inside
+    that blocking MPI call, which ``abort`` can end)."""
+    wait = PeerWait(peer, host, sock, total, call, abort)
     _board[threading.get_ident()] = wait
     return wait
 

@@ -85,13 +85,13 @@ def _state_of(peer: int, host: Optional[str], pid: Optional[int], sock: Optional
 
 
 def describe(peer: int, host: Optional[str] = None, pid: Optional[int] = None,
-             sock: Optional[socket.socket] = None) -> str:
-    """One paragraph on global rank ``peer``: where it is, its state, its heartbeat, and its Python stack when it
-    can be had within :data:`STACK_SECONDS`. ``sock``, this rank's socket to it, gives its process id when it is
-    local and lets a peer on another host be probed when its heartbeat says nothing; without them, its
-    heartbeat's host and pid serve."""
+             sock: Optional[socket.socket] = None, with_stack: bool = True) -> str:
+    """One paragraph on global rank ``peer``: where it is, its state, its heartbeat, and (``with_stack``) its
+    Python stack when it can be had within :data:`STACK_SECONDS`. ``sock``, this rank's socket to it, gives its
+    process id when it is local and lets a peer on another host be probed when its heartbeat says nothing; without
+    them, its heartbeat's host and pid serve."""
     text, askable = _state_of(peer, host, pid, sock)
-    return text + ("\n" + heartbeat.stacks_of([peer], STACK_SECONDS)[peer] if askable else "")
+    return text + ("\n" + heartbeat.stacks_of([peer], STACK_SECONDS)[peer] if askable and with_stack else "")
 
 
 def describe_ranks(peers: Sequence[int], most: int = MOST_RANKS) -> str:

@@ -114,6 +114,7 @@ class DataPlaneWatchdog:
                 continue
             report = describe(engine, wait, now, settings, ending, quiet)
             made.append(report)
+            heartbeat.publish_report("data-plane stall", report)     # for the launcher's live page
             if ending:
                 self._ended.add(id(wait))
                 flight_recorder.dump_all("data-plane stall", report)
@@ -146,12 +147,19 @@ def describe(engine: Optional[Engine], wait: peer_waits.PeerWait, now: float, se
     else:
         who = f"this process (host {socket.gethostname()})"
     quiet = wait.quiet_for(now) if quiet is None else quiet
-    lines = [f"Data plane stalled: {who} has received nothing from rank {wait.peer} for {quiet:.1f} s "
-             f"{_collective(engine, now)}. {_transfer(engine, wait)}"]
-    lines.append(peer_state.describe(wait.peer, wait.host, peer_waits.peer_pid(wait), sock=wait.sock))
+    if wait.peer == peer_waits.ANY_PEER:
+        lines = [f"Data plane stalled: {who} has waited {quiet:.1f} s inside {wait.call} "
+                 f"{_collective(engine, now)}. MPI does not say which rank it waits for; the other ranks:"]
+        lines.append(_mpi_peers(engine))
+        culprit = "the rank that does not answer"
+    else:
+        lines = [f"Data plane stalled: {who} has received nothing from rank {wait.peer} for {quiet:.1f} s "
+                 f"{_collective(engine, now)}. {_transfer(engine, wait)}"]
+        lines.append(peer_state.describe(wait.peer, wait.host, peer_waits.peer_pid(wait), sock=wait.sock))
+        culprit = f"rank {wait.peer}"
     if ending:
         lines.append(f"Shutting down: the data plane stalled for more than HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="
-                     f"{settings.shutdown_s:g} s. Find out why rank {wait.peer} stopped (its state above), or raise "
+                     f"{settings.shutdown_s:g} s. Find out why {culprit} stopped (its state above), or raise "
                      "the limit.")
     elif settings.shutdown_s <= 0:
         lines.append("The job keeps waiting (a debugger may hold the rank on purpose); set "
@@ -202,10 +210,36 @@ def _nbytes(response: TensorResponse) -> int:
         return 0
 
 
+def _mpi_peers(engine: Optional[Engine]) -> str:
+    """The state of every other rank of an MPI plane (stopped or exited ones first; at most MOST_RANKS others)."""
+    backend = engine.backend if engine is not None else None
+    peers = getattr(backend, "peers", None) or getattr(getattr(backend, "large", None), "peers", None) or []
+    here = socket.gethostname()
+    rows = []
+    for position, (host, pid) in enumerate(peers):
+        rank = engine.ranks[position] if engine is not None and position < len(engine.ranks) else position
+        if engine is not None and rank == engine.global_rank:
+            continue
+        state = peer_state.process_state(pid) if host == here else None
+        silent = state is not None and state.startswith(("stopped", "exited"))
+        rows.append((not silent, rank, peer_state.describe(rank, host, pid if host == here else None,
+                                                           with_stack=not silent)))
+    rows.sort()
+    shown = [text for _, _, text in rows[:peer_state.MOST_RANKS]]
+    if len(rows) > peer_state.MOST_RANKS:
+        shown.append(f"({len(rows) - peer_state.MOST_RANKS} more rank(s) not shown.)")
+    return "\n".join(shown) or "(no other rank is known)"
+
+
 def _end(engine: Optional[Engine], wait: peer_waits.PeerWait, report: str) -> None:
-    """End a stalled wait: the engine fails with ``report``, and the receive is cut so that it returns."""
+    """End a stalled wait: the engine fails with ``report``, and the receive is cut so that it returns (an MPI
+    call cannot be cut: the job is aborted, after the report is logged)."""
     if engine is not None:
         engine.stall_reason = report
+    if wait.sock is None and wait.abort is not None:
+        log.error("%s", report)
+        wait.abort()
+        return
     if wait.sock is not None:
         try:
             wait.sock.shutdown(socket.SHUT_RDWR)
