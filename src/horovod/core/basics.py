@@ -25,7 +25,7 @@ from horovod.common.build import (  # noqa: F401  (part of basics' API, as upstr
     rocm_built,
 )
 from horovod.common.exceptions import HorovodInternalError, not_initialized
-from horovod.core import elastic_join
+from horovod.core import elastic_join, housekeeping
 from horovod.core.controller.fusion import aligned_threshold
 from horovod.core.engine import Engine
 from horovod.core.engine.observer import EngineObserver
@@ -385,6 +385,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         registered = _state.sets.get(set_id)
         if registered is None:
             return False
+        housekeeping.settle(set_id)
         mine = registered.engine.in_flight() if registered.engine is not None else []
         everyone = exchange(current, f"horovod.process_set.remove.{_state.generation}.{set_id}", mine)
         busy = {rank: names for rank, names in enumerate(everyone) if names}

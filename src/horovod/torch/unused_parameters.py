@@ -38,7 +38,7 @@ import torch
 
 from horovod.common import gradient_presence as presence
 from horovod.common.types import Sum
-from horovod.core import basics, ops
+from horovod.core import basics, housekeeping, ops
 from horovod.core.process_sets import ProcessSet
 
 log = logging.getLogger("horovod.torch")
@@ -109,6 +109,7 @@ class UnusedParameters:
             return          # the previous sum is not complete yet (it normally is): this step is not sent
         vector = presence.rank_mask_vector(flags, ops.set_rank(self.process_set), size)
         handle = ops.allreduce_async(vector, vector, self.tensor_name, Sum, process_set=self.process_set)
+        housekeeping.track(self.process_set.process_set_id or 0, handle)
         self._pending = (basics.generation(), self.step, size, handle)
 
     def flush(self) -> bool:
