@@ -56,6 +56,7 @@ class DataPlaneWatchdog:
         self._wake = threading.Event()
         self._reported: Dict[int, float] = {}      # id(wait) -> when reported
         self._ended: set = set()
+        self._failed = False                      # a check raised (logged as a warning the first time)
         self._last_check = time.monotonic()
         self._resumed_at = 0.0          # this process ran again after being stopped itself (see check)
         self.settings = _Settings()
@@ -84,8 +85,10 @@ class DataPlaneWatchdog:
         while not self._wake.wait(self.settings.interval):
             try:
                 self.check(time.monotonic())
-            except Exception:
-                log.debug("data-plane watchdog: a check failed", exc_info=True)
+            except Exception:       # said once, loudly: a watchdog that fails in silence watches nothing
+                log.log(logging.DEBUG if self._failed else logging.WARNING,
+                        "The data-plane watchdog's check failed; stalls may go unreported", exc_info=True)
+                self._failed = True
 
     def _engine_of(self, ident: int) -> Optional[Engine]:
         with self._lock:
