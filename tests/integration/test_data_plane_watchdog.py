@@ -47,7 +47,8 @@ def stalls(out, rank):
     return found
 
 
-@pytest.mark.parametrize("np_,plane", [(2, "shm"), (3, "shm"), (2, "tcp"), (3, "tcp")])
+@pytest.mark.parametrize("np_,plane", [(2, "shm"), (3, "shm"), pytest.param(2, "tcp", marks=pytest.mark.slow),
+                                      (3, "tcp")])     # quick tier: shm at 2 ranks
 def test_a_rank_frozen_inside_a_collective_is_named_and_the_job_ends_after_the_shutdown_time(tmp_path, np_, plane):
     (result, stop_file) = run(np_, plane, tmp_path, {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(CHECK),
                                                      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(SHUTDOWN)})
@@ -77,6 +78,7 @@ def test_a_rank_frozen_inside_a_collective_is_named_and_the_job_ends_after_the_s
     assert re.search(r"When the job ended, rank 1 \(pid \d+ on \S+\) was stopped \(SIGSTOP", out), out[-3000:]
 
 
+@pytest.mark.slow      # the quick tier keeps the shutdown case at 2 ranks on shm
 def test_without_a_shutdown_time_the_stall_is_reported_once_and_the_job_goes_on_when_the_rank_continues(tmp_path):
     stop_file = tmp_path / "stopped"
     from threading import Thread
@@ -104,6 +106,7 @@ def test_without_a_shutdown_time_the_stall_is_reported_once_and_the_job_goes_on_
 
 
 
+@pytest.mark.slow      # the quick tier runs MPI in test_mpi_suite.py
 def test_on_the_mpi_plane_a_frozen_rank_is_named_and_the_job_is_aborted(tmp_path):
     """MPI does not say whom a call waits for: the report names the other ranks' states, and ends the job with
     MPI_Abort (a blocking MPI call cannot be cut as a socket can)."""

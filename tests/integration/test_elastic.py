@@ -40,6 +40,7 @@ def test_a_killed_worker_leaves_the_job_running_on_the_others(tmp_path):
     assert_each_sample_once_per_epoch(out, 96, 2)
 
 
+@pytest.mark.slow      # the quick tier keeps the elastic jobs that lose and reset workers
 def test_hosts_added_and_removed_through_discovery(tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost:2\n")

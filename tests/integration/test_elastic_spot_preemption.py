@@ -72,6 +72,7 @@ def _preempt_at(step: int, progress: Path, find, seen: dict) -> threading.Thread
     return thread
 
 
+@pytest.mark.slow      # the quick tier keeps SIGTERM to horovodrun
 def test_a_preempted_rank_0_leaves_and_the_others_go_on_without_a_failure(tmp_path):
     # localhost:0 is rank 0; after it leaves, localhost:1 becomes rank 0 (local rank 0 of 1) and 127.0.0.1 rank 1.
     progress = tmp_path / "progress"

@@ -22,7 +22,8 @@ MIN_ACCURACY_TF_KERAS = 95.0
 
 # PyTorch is covered by the keras suite (model.fit equal to single-process training); the example runs on
 # TensorFlow and JAX here to keep the suite short.
-@pytest.mark.parametrize("backend", ["tensorflow", pytest.param("jax", marks=pytest.mark.slow)])
+# The quick tier trains Keras 3 in test_keras_suite.py and test_elastic_examples.py.
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=pytest.mark.slow) for b in ("tensorflow", "jax")])
 def test_keras_digits_trains_on_two_ranks(backend, tmp_path):
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed (pip install -e '.[{backend}]')")

@@ -58,6 +58,7 @@ def test_tf_keras_parallel(np_):
     run_parallel_tests(np_, TF_KERAS_FILES, env=TF_KERAS_ENV, timeout=300, pytest_args=["--timeout=90"])
 
 
+@pytest.mark.slow      # the quick tier runs tf-keras in test_keras_examples.py
 def test_tf_keras_graph_mode():
     _require_tf_keras()
     run_parallel_tests(2, TF_KERAS_GRAPH, env=TF_KERAS_ENV, timeout=180, pytest_args=["--timeout=60"])

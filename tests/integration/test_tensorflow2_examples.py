@@ -34,6 +34,7 @@ def test_tensorflow2_digits_trains_on_two_ranks(tmp_path):
     assert any(k.startswith("optimizer/") for k in reader.get_variable_to_shape_map()), "optimizer state is saved"
 
 
+@pytest.mark.slow      # the quick tier trains the TF2 digits example
 def test_tensorflow2_synthetic_benchmark_reports_upstream_lines(tmp_path):
     out = tmp_path / "bench.json"
     result = horovodrun(2, [sys.executable, BENCH, "--batch-size", "8", "--num-warmup-batches", "1",

@@ -152,6 +152,7 @@ def test_stall_warning_names_the_missing_rank_within_the_check_time(np_, plane):
         assert "RESULT ok" in rank_lines(out, r), out[-5000:]
 
 
+@pytest.mark.slow      # the quick tier keeps the warning at 2 ranks and the data-plane shutdown
 @pytest.mark.parametrize("np_", [2, 3])
 def test_stall_shutdown_stops_every_rank_with_the_same_facts(np_):
     # Rank 1 sleeps past the shutdown's bound (2 s + the slack of a loaded machine) before it submits another name.

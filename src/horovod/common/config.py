@@ -190,6 +190,9 @@ _KNOBS = [
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
          ours=True),
+    Knob("HOROVOD_MONITOR_PORT", int, None,
+         "horovodrun serves a live page of the job on this port (0: a free one) and prints its URL, which carries "
+         "a random token (docs/troubleshooting.md); unset: no page. --monitor-port overrides it.", ours=True),
 ]
 
 KNOBS = {k.name: k for k in _KNOBS}

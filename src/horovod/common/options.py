@@ -34,6 +34,7 @@ GENERAL, SSH, PARAMS, AUTOTUNE, ELASTIC = (
 TIMELINE, STALL_CHECK, LIBRARY, LOGGING, HOSTS, CONTROLLER = (
     "timeline arguments", "stall check arguments", "library arguments", "logging arguments", "host arguments",
     "controller arguments")
+MONITOR = "live page arguments"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +268,15 @@ _OBSERVING = [
            "the warning time. (default: %(default)s)", kind=TUNABLE, type=int, defaulted=True,
            env="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", file_key="stall_check.shutdown_time_seconds",
            bounds=(0, None)),
+    Option("monitor_port", MONITOR, ("--monitor-port",), "Serve a live page of the job from the launcher on this "
+           "port (0 picks a free one): per rank its host, pid, state, collectives and bytes per second, the "
+           "collective it runs and how long it has waited, stall and deadlock reports, and every rank's Python "
+           "stack on request. The launcher prints the page's URL, which carries a random token. Alternatively, "
+           "the environment variable HOROVOD_MONITOR_PORT can be used. Not with --mpi or --jsrun.", type=int,
+           bounds=(0, 65535)),
+    Option("monitor_address", MONITOR, ("--monitor-address",), "The address the live page listens on (default: "
+           "127.0.0.1, this machine only; 0.0.0.0 for every interface: anyone with the URL's token can then read "
+           "it)."),
 ]
 
 _LIBRARY = [

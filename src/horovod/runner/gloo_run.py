@@ -15,7 +15,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from horovod.common.elastic_rendezvous import WORKER_ID_ENV as ELASTIC_WORKER_ENV
 from horovod.common.wire import SECRET_ENV
 
-from . import ssh
+from . import monitor, ssh
 from .common.util import network
 from .common.util.env import exportable_env
 from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
@@ -131,8 +131,9 @@ def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, st
             log.info("rank %d on %s: %s", spec.rank, spec.hostname, spec.display)
     if settings.output_filename:
         os.makedirs(settings.output_filename, exist_ok=True)
-    run_workers(specs, output_dir=settings.output_filename,
-                prefix_timestamp=settings.prefix_output_with_timestamp)
+    with monitor.serving(settings, rendezvous.store, monitor.static_view([s.hostname for s in sorted(plan, key=lambda s: s.rank)])):
+        run_workers(specs, output_dir=settings.output_filename,
+                    prefix_timestamp=settings.prefix_output_with_timestamp)
 
 
 def _get_min_start_hosts(settings: Settings) -> int:
@@ -177,4 +178,5 @@ def launch_gloo_elastic(command: Sequence[str], settings, env: Mapping[str, str]
             log.info("%s", spec.display)
         return WorkerProcess(spec, sink, events, out_dir)
 
-    return driver.run(settings.num_proc, create_worker, _get_min_start_hosts(settings))
+    with monitor.serving(settings, rendezvous.store, driver.monitor_view):
+        return driver.run(settings.num_proc, create_worker, _get_min_start_hosts(settings))

@@ -244,7 +244,8 @@ def _elastic_settings(args: Any):
         nics=args.nics, prefix_output_with_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
         discovery=host_discovery, min_num_proc=min_np, max_num_proc=args.max_np,
         elastic_timeout=getattr(args, "elastic_timeout", None), reset_limit=getattr(args, "reset_limit", None),
-        cooldown_range=cooldown)
+        cooldown_range=cooldown, monitor_port=_monitor_port(args),
+        monitor_address=getattr(args, "monitor_address", None) or "127.0.0.1")
 
 
 def _publish_function(args: Any, env: dict, rendezvous: Any) -> List[str]:
@@ -304,7 +305,27 @@ def _static_settings(args: Any):
         binding_args=getattr(args, "binding_args", None), start_timeout=float(start_timeout),
         output_filename=getattr(args, "output_filename", None), run_func=args.run_func is not None,
         nics=args.nics, prefix_output_with_timestamp=bool(getattr(args, "prefix_output_with_timestamp", False)),
+        monitor_port=_monitor_port(args), monitor_address=getattr(args, "monitor_address", None) or "127.0.0.1",
     )
+
+
+def _monitor_port(args: Any) -> Optional[int]:
+    """The live page's port: ``--monitor-port``, else ``HOROVOD_MONITOR_PORT``, else None (no page)."""
+    from horovod.common import config
+
+    port = getattr(args, "monitor_port", None)
+    if port is None:
+        port = config.get("HOROVOD_MONITOR_PORT")
+    if port is not None and not 0 <= port <= 65535:
+        raise ValueError(f"HOROVOD_MONITOR_PORT={port} must be a port number in [0, 65535] (0: a free one).")
+    return port
+
+
+def _no_monitor(settings: Any, why: str) -> None:
+    """Say in one line that this launch serves no live page although one was asked for."""
+    if settings.monitor_port is not None:
+        log.warning("--monitor-port / HOROVOD_MONITOR_PORT: no live page %s.", why)
+        settings.monitor_port = None
 
 
 def _run_job_file(args: Any) -> None:
@@ -322,7 +343,9 @@ def _run_job_file(args: Any) -> None:
     args.hosts = job_run.hosts_string(job, workers)
     args.nics = _normalize_nics(getattr(args, "nics", None))
     job_run.check_resources(job, workers)
-    job_run.run_job(job, _static_settings(args), _worker_base_env(args))
+    settings = _static_settings(args)
+    _no_monitor(settings, "with --job (each line of the job file has a rendezvous of its own)")
+    job_run.run_job(job, settings, _worker_base_env(args))
 
 
 def _run_static(args: Any) -> Optional[List[Any]]:
@@ -342,6 +365,7 @@ def _run_static(args: Any) -> Optional[List[Any]]:
     if getattr(args, "slurm_step", False):
         from . import srun_launch
 
+        _no_monitor(settings, "for ranks started by srun yet")
         return srun_launch.launch(settings, _worker_base_env(args), command)
     use_jsrun = _use_jsrun(args)
     if use_jsrun:    # jsrun reaches the hosts through LSF, no ssh; the address is for horovod.run's results
@@ -353,6 +377,9 @@ def _run_static(args: Any) -> Optional[List[Any]]:
 
     env = _worker_base_env(args)
     use_mpi = bool(getattr(args, "use_mpi", None))
+    if use_jsrun or use_mpi:
+        _no_monitor(settings, "under --mpi or --jsrun: the ranks bootstrap over MPI and put no heartbeats into the "
+                              "launcher's rendezvous")
     if use_jsrun:
         return _launch_jsrun(args, settings, env, command, rendezvous_addr)
     if use_mpi and args.run_func is None:
@@ -446,6 +473,7 @@ def _configure_logging(verbose: bool) -> None:
     logging.getLogger("horovod.runner").setLevel(logging.INFO if verbose else logging.WARNING)
     # An elastic job's driver says what it does (rounds, failures, blacklisted hosts) without --verbose.
     logging.getLogger("horovod.elastic").setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("horovod.monitor").setLevel(logging.INFO)        # the live page's URL
 
 
 def run_commandline(argv: Optional[Sequence[str]] = None) -> None:

@@ -11,9 +11,16 @@ So a rank that stalls can say of a peer on any host whether it still beats (aliv
 its code is) or not (how long since its last beat: stopped, frozen in native code that holds the GIL, or its host
 cut off). Jobs started without horovodrun's rendezvous (plain ``mpirun``) have no such channel, and the reports
 say so. The heartbeat costs one small put per second per rank.
+
+The beat also carries running totals read from the flight rings (collectives submitted, completed, their bytes,
+the last completed sequence number), from which the launcher's live page (``horovod.runner.monitor``) computes
+rates, and the thread puts the rank's latest stall, deadlock or data-plane report (:func:`publish_report`) under
+:data:`REPORT_SCOPE`. Scope and field names are shared with the launcher through
+:mod:`horovod.common.heartbeat_records`.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -24,13 +31,19 @@ import traceback
 from typing import Callable, Dict, List, Optional
 
 from horovod.common import config, wire
+from horovod.common import heartbeat_records as rec
+from horovod.common.heartbeat_records import (
+    ASK_SCOPE,
+    BEAT_SCOPE,
+    BEAT_SECONDS,
+    REPORT_SCOPE,
+    STACK_SCOPE,
+    STALE_SECONDS,
+)
 from horovod.common.kvstore import KVStoreClient
+from horovod.core.engine import flight
 
 log = logging.getLogger("horovod.stall")
-
-BEAT_SCOPE, ASK_SCOPE, STACK_SCOPE = "horovod-heartbeat", "horovod-stack-ask", "horovod-stack"
-BEAT_SECONDS = 1.0
-STALE_SECONDS = 3 * BEAT_SECONDS        # a heartbeat older than this says the rank (or its host) does not answer
 READ_TIMEOUT_SECONDS = 2.0              # a report reads the store at most this long per call (its host may be cut)
 HOROVOD_THREAD_PREFIX = "horovod-"
 OWN_THREAD_FRAMES = 2       # innermost frames shown of Horovod's own threads (the program's threads: all of them)
@@ -83,15 +96,17 @@ class Heartbeat:
             # The address this rank reaches the launcher from: a peer can probe it when the beats stop.
             addr = client.local_address()
             while not self._stop.is_set():
-                record = {"t": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "addr": addr,
+                record = {rec.T: time.time(), rec.HOST: socket.gethostname(), rec.PID: os.getpid(), rec.ADDR: addr,
                           **self.status()}
                 client.put(BEAT_SCOPE, me, wire.pack(record))
+                _put_report(client, me)
                 try:
                     asked = client.wait(ASK_SCOPE, [me], BEAT_SECONDS)[0]
                 except TimeoutError:
                     continue
                 client.delete(ASK_SCOPE, me)
-                client.put(STACK_SCOPE, f"{me}/{asked.decode()}", own_stack().encode())
+                client.put(STACK_SCOPE, rec.stack_key(self.rank, asked.decode()), own_stack().encode())
+            _put_report(client, me)         # a report made while the rank shuts down
         except (OSError, wire.PeerClosedError, ValueError) as exc:
             if not self._stop.is_set():
                 log.debug("heartbeat: the rendezvous store went away: %s", exc)
@@ -144,7 +159,7 @@ class _Reader:
             if client is None:
                 return None
             ask = f"{os.getpid()}-{time.monotonic_ns()}"
-            keys = {peer: f"{peer}/{ask}" for peer in peers}
+            keys = {peer: rec.stack_key(peer, ask) for peer in peers}
             for peer in peers:
                 client.put(ASK_SCOPE, str(peer), ask.encode())
             try:
@@ -172,9 +187,10 @@ _running: Dict[int, Heartbeat] = {}
 
 def start(rank: int, status: Status) -> None:
     """Start this process's heartbeat as global rank ``rank`` (again after each init)."""
-    global _reader
+    global _reader, _totals
     stop()
     _reader = _Reader()
+    _totals = Totals()
     beat = Heartbeat(rank, status)
     if beat.start():
         _running[rank] = beat
@@ -197,7 +213,7 @@ def describe_peer(peer: int, beat: Optional[dict] = None) -> str:
     if beat is None:
         return ("It has no heartbeat in the job's rendezvous (it never started one, or the job has no rendezvous)."
                 if _reader.client() is not None else "")
-    age = max(0.0, time.time() - float(beat.get("t", 0.0)))
+    age = max(0.0, time.time() - float(beat.get(rec.T, 0.0)))
     doing = _doing(beat)
     if age > STALE_SECONDS:
         return (f"No heartbeat for {age:.1f} s: the process is stopped or frozen (native code holding the GIL), "
@@ -206,13 +222,13 @@ def describe_peer(peer: int, beat: Optional[dict] = None) -> str:
 
 
 def _doing(beat: dict) -> str:
-    running = beat.get("running")
+    running = beat.get(rec.RUNNING)
     if not running:
         return "no collective running (it is in its own code)"
-    text = f"{running} for {beat.get('running_s', 0.0):.1f} s"
-    waiting = beat.get("waiting_for")
+    text = f"{running} for {beat.get(rec.RUNNING_S, 0.0):.1f} s"
+    waiting = beat.get(rec.WAITING_FOR)
     if waiting is not None:
-        text += f", waiting {beat.get('waiting_s', 0.0):.1f} s for rank {waiting}"
+        text += f", waiting {beat.get(rec.WAITING_S, 0.0):.1f} s for rank {waiting}"
     return text
 
 
@@ -222,13 +238,10 @@ def stacks_of(peers: List[int], timeout: float) -> Dict[int, str]:
     try:
         stacks = _reader.stacks_of(list(peers), timeout)
     except (OSError, wire.PeerClosedError, ValueError) as exc:
-        return {p: f"No Python stack from rank {p}: the rendezvous store cannot be reached ({exc})." for p in peers}
+        return {p: rec.no_store_text(p, str(exc)) for p in peers}
     if stacks is None:
-        return {p: f"No Python stack from rank {p}: this job has no rendezvous to ask through (it was not started "
-                   "by horovodrun)." for p in peers}
-    return {p: (f"Rank {p}'s Python stack (every thread, the program's own first):\n{stack}" if stack else
-                f"No Python stack from rank {p} within {timeout:g} s: its heartbeat thread did not answer (stopped, "
-                "native code holding the GIL, or its host is gone).") for p, stack in stacks.items()}
+        return {p: rec.no_store_text(p) for p in peers}
+    return {p: rec.stack_text(p, stack, timeout) for p, stack in stacks.items()}
 
 
 def beat_of(peer: int) -> Optional[dict]:
@@ -251,7 +264,13 @@ def what(batch: list) -> str:
 
 def status_lines(engines: List) -> dict:
     """What a rank's engines are doing, for its heartbeat: the first running collective and the data-plane wait
-    of its engine thread, if any."""
+    of its engine thread, if any, and the running totals of its flight rings (:class:`Totals`)."""
+    status = _totals.update()
+    status.update(_engine_status(engines))
+    return status
+
+
+def _engine_status(engines: List) -> dict:
     from horovod.backends import peer_waits
 
     now, waits = time.monotonic(), dict(peer_waits.snapshot())
@@ -260,9 +279,112 @@ def status_lines(engines: List) -> dict:
         if running is None:
             continue
         batch, started = running
-        status = {"running": what(batch), "running_s": now - started}
+        status = {rec.RUNNING: what(batch), rec.RUNNING_S: now - started}
         wait = waits.get(engine.thread_ident)
         if wait is not None:
-            status.update(waiting_for=wait.peer, waiting_s=wait.quiet_for(now))
+            status.update({rec.WAITING_FOR: wait.peer, rec.WAITING_S: wait.quiet_for(now)})
         return status
     return {}
+
+
+class _RingCursor:
+    """How far :class:`Totals` has read one flight ring."""
+
+    __slots__ = ("ring", "seen", "pending", "last_done")
+
+    def __init__(self, ring: flight.FlightRing) -> None:
+        self.ring = ring
+        self.seen = 0                   # every record up to this sequence number was looked at
+        self.pending: List[list] = []   # records looked at while in flight: looked at again at the next beat
+        self.last_done = 0
+
+
+class Totals:
+    """Running totals of the collectives this rank completed (count and bytes, every process set), and the global
+    set's last submitted and completed sequence numbers, read from the flight rings at each beat.
+
+    The engine keeps no counters for this: its flight ring already stamps every record when it is done, so the
+    heartbeat thread reads the records added since the last beat, and those it saw in flight then (amortized O(1)
+    per collective, on the heartbeat thread; nothing on the engine's path). A ring that dropped records before they
+    were read (more than its capacity in one second) undercounts. Without a flight recorder
+    (``HOROVOD_FLIGHT_RECORDER_SIZE=0``) the totals are absent.
+    """
+
+    MAX_PENDING = 4096
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.nbytes = 0
+        self._cursors: Dict[int, _RingCursor] = {}
+
+    def update(self) -> dict:
+        """Read what the rings added since the last call; the totals as heartbeat fields ({} without rings)."""
+        status: dict = {}
+        for ring in flight.rings():
+            cursor = self._cursors.get(ring.process_set_id)
+            if cursor is None or cursor.ring is not ring:
+                cursor = self._cursors[ring.process_set_id] = _RingCursor(ring)
+            self._read(cursor)
+            if ring.process_set_id == 0:
+                status[rec.SUBMITTED] = ring.count
+                status[rec.LAST_DONE] = cursor.last_done
+        if self._cursors:
+            status[rec.DONE] = self.done
+            status[rec.DONE_BYTES] = self.nbytes
+        return status
+
+    def _read(self, cursor: _RingCursor) -> None:
+        pending: List[list] = []
+        ring = cursor.ring
+        count = ring.count
+        # The records added since the last beat, newest last: one C-level copy of the ring's tail (no Python code
+        # runs during it, so the engine cannot append meanwhile); a record that was dropped is not counted.
+        new = tuple(itertools.islice(reversed(ring.records), max(0, count - cursor.seen)))[::-1]
+        if new:
+            cursor.seen = new[-1][flight.SEQ]
+        # One loop over the records in flight at the last beat and the new ones (in sequence order), inlined: at
+        # thousands of collectives a second this is the heartbeat's main cost.
+        done, nbytes, last = 0, 0, cursor.last_done
+        seq_i, done_i, failed_i, bytes_i = flight.SEQ, flight.DONE, flight.FAILED, flight.NBYTES
+        for batch in (cursor.pending, new):
+            for record in batch:
+                if record[done_i] is not None:
+                    done += 1
+                    nbytes += record[bytes_i]
+                    if record[seq_i] > last:
+                        last = record[seq_i]
+                elif record[failed_i] is None:
+                    pending.append(record)
+        self.done += done
+        self.nbytes += nbytes
+        cursor.last_done = last
+        cursor.pending = pending[-self.MAX_PENDING:]
+
+
+_totals = Totals()
+
+
+# -------------------------------------------------------------------------- reports, for the launcher's live page
+_report: Dict[str, object] = {}        # the latest report not yet put into the store
+_report_lock = threading.Lock()
+
+
+def publish_report(kind: str, text: str) -> None:
+    """Hand this rank's latest stall, deadlock or data-plane report to the heartbeat thread, which puts it under
+    :data:`REPORT_SCOPE` at its next beat (within a second). Never blocks and never raises: a report must not
+    cost the rank that makes it."""
+    try:
+        with _report_lock:
+            _report.clear()
+            _report.update({rec.T: time.time(), rec.KIND: str(kind), rec.TEXT: str(text)[:rec.REPORT_MAX_CHARS]})
+    except Exception:   # never let the live page break a report
+        log.debug("heartbeat: could not keep a report", exc_info=True)
+
+
+def _put_report(client: KVStoreClient, me: str) -> None:
+    with _report_lock:
+        if not _report:
+            return
+        record = {**_report, rec.RANK: int(me)}
+        _report.clear()
+    client.put(REPORT_SCOPE, me, wire.pack(record))

@@ -28,7 +28,7 @@ from horovod.core.engine.settings import (
     confirm_seconds,
     lapse_seconds,  # noqa: F401  (the deadlock timing, named here too)
 )
-from horovod.core.observers import peer_state
+from horovod.core.observers import heartbeat, peer_state
 
 log = logging.getLogger("horovod.stall")
 
@@ -91,12 +91,15 @@ class StallInspector:
         if self.shutdown_s > 0 and any(waited > self.shutdown_s for _, waited, _ in stalled):
             message = self._describe(stalled, absent, shutdown=True)
             log.error("%s", message)
+            heartbeat.publish_report("stall shutdown", message)     # for the launcher's live page
             return message
         fresh = [s for s in stalled if now - self._warned.get(s[0], -1e18) >= self.warning_s]
         if fresh:
             for name, _, _ in fresh:
                 self._warned[name] = now
-            log.warning("%s", self._describe(fresh, absent, shutdown=False))
+            message = self._describe(fresh, absent, shutdown=False)
+            log.warning("%s", message)
+            heartbeat.publish_report("stall", message)
         return None
 
     def _describe(self, stalled: Sequence[Tuple[str, float, List[int]]], absent: set, shutdown: bool) -> str:
@@ -165,6 +168,8 @@ class DeadlockDetector:
             self._progress = progress
             if self._reported_at is not None:
                 log.warning("The deadlock reported before has resolved: the ranks made progress again.")
+                heartbeat.publish_report("deadlock resolved", "The deadlock reported before has resolved: the "
+                                         "ranks made progress again.")
             self._since = now if blocked else None
             self._reported_at = None
             return None
@@ -188,11 +193,13 @@ class DeadlockDetector:
                 tail = "HOROVOD_DEADLOCK_SHUTDOWN_DISABLE is set: the job is not ended and stays blocked."
             message = f"{self._report}\n{tail}"
             log.error("%s", message)
+            heartbeat.publish_report("deadlock", message)
             return REPORT, message
         if self.shutdown and now - self._reported_at >= self.shutdown_s and not needed.intersection(several_threads):
             self._reported_at = float("inf")        # once
             message = (f"{self._report}\nEnded the job: the deadlock lasted HOROVOD_DEADLOCK_SHUTDOWN_TIME_SECONDS="
                        f"{self.shutdown_s:g} s past its report, so every pending collective fails.")
+            heartbeat.publish_report("deadlock shutdown", message)
             return SHUTDOWN, message            # the engine's abort logs it on every rank
         return None
 

@@ -117,6 +117,7 @@ class DataPlaneWatchdog:
                 continue
             report = describe(engine, wait, now, settings, ending, quiet)
             made.append(report)
+            heartbeat.publish_report("data-plane stall", report)     # for the launcher's live page
             if ending:
                 self._ended.add(id(wait))
                 flight_recorder.dump_all("data-plane stall", report)

@@ -111,6 +111,7 @@ class ElasticDriver:
         self._shutdown = threading.Event()
         self._create_worker: Optional[CreateWorker] = None
         self._discovery_thread: Optional[threading.Thread] = None
+        self._view: dict = {"size": 0, "hosts": [], "elastic": None}    # for the live page (see monitor_view)
         self._store.watch(READY_SCOPE, lambda key, value: self.events.put(("ready", key, value)))
         self._store.watch(LEAVE_SCOPE, lambda key, value: self.events.put(("leave", key, value)))
 
@@ -135,6 +136,19 @@ class ElasticDriver:
         for info in sorted(self._assignment.values(), key=lambda s: s.rank):
             by_host.setdefault(info.hostname, []).append(info)
         return by_host
+
+    def monitor_view(self) -> dict:
+        """The job's layout for the live page (``horovod.runner.monitor``), from any thread: the current round's
+        size, the host of each rank, and the round, its members and whether it re-forms."""
+        return self._view
+
+    def _publish_view(self) -> None:
+        """Replace the live page's view (one assignment: a reader in another thread sees the old or the new)."""
+        members = sorted(self._assignment.items(), key=lambda item: item[1].rank)
+        self._view = {"size": len(members), "hosts": [info.hostname for _, info in members], "elastic": {
+            "round": self._round, "reforming": self._reforming_since is not None, "resets": self.reset_count,
+            "min_np": self._min_np, "max_np": self._max_np,
+            "members": [{"rank": info.rank, "host": info.hostname, "slot": slot} for slot, info in members]}}
 
     def run(self, num_proc: int, create_worker: CreateWorker, min_hosts: int = 1) -> List[SlotInfo]:
         """Start the job once ``num_proc`` slots exist and run it to its end; returns the last round's slots in rank
@@ -352,6 +366,7 @@ class ElasticDriver:
         log.info("round %d is over: %s; re-forming the job", self._round, reason)
         self._reforming_since = time.monotonic()
         self._store.put(ROUNDS_SCOPE, broken_key(self._round), b"1")   # peers still forming it give up
+        self._publish_view()
 
     def _advance(self) -> bool:
         """Move the job on once the current round's workers are all accounted for; True when it finished."""
@@ -452,6 +467,7 @@ class ElasticDriver:
                 self._workers[key] = self._create_worker(start, self.events, self._worker_ids[key])
         for stale in range(max(0, self._round - 8), self._round - 1):
             self._store.delete_scope(f"mesh.{stale}")
+        self._publish_view()
         hosts = len({s.hostname for s in plan.values()})
         log.info("round %d: %d workers on %d host(s): %s", self._round, len(plan), hosts,
                  ", ".join(f"{s.hostname}[{LeftSlots.slot_index(key)}]=rank {s.rank}" for key, s in plan.items()))

@@ -22,6 +22,8 @@ class Settings:
     run_func: bool = False
     nics: Optional[List[str]] = None
     prefix_output_with_timestamp: bool = False
+    monitor_port: Optional[int] = None          # the live page's port (0: a free one); None: no page
+    monitor_address: str = "127.0.0.1"
 
     @property
     def elastic(self) -> bool:
