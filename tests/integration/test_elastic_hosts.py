@@ -8,34 +8,16 @@ import datetime
 import re
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.support.elastic import WORKER, assert_same_model_after_every_reset, events
+from tests.support.elastic import WORKER, assert_same_model_after_every_reset, events, read_progress, wait_for
 from tests.support.hosts import hosts_or_skip
 from tests.support.launch import horovodrun
 
 # The workers' log lines carry their local time: "[2026-11-24 10:11:36,338] [horovod WARNING rank 0] ...".
 FAILED_COLLECTIVE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[horovod WARNING rank \d+\] "
                                r"a collective failed")
-
-
-def _progress(path: Path):
-    try:
-        step, size = path.read_text().split()
-        return int(step), int(size)
-    except (OSError, ValueError):
-        return -1, 0
-
-
-def _wait_for(what, condition, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.slow
@@ -52,10 +34,10 @@ def test_a_cut_link_fails_the_host_over_and_it_rejoins_after_the_cooldown(tmp_pa
         seen = {}
 
         def cut_then_restore() -> None:
-            _wait_for("step 5", lambda: _progress(progress)[0] >= 5)
+            wait_for("step 5", lambda: read_progress(progress)[0] >= 5)
             victim.cut()
             seen["cut"] = datetime.datetime.now()
-            _wait_for("the job at size 2", lambda: _progress(progress)[1] == 2)
+            wait_for("the job at size 2", lambda: read_progress(progress)[1] == 2)
             victim.restore()
             seen["restored"] = datetime.datetime.now()
 

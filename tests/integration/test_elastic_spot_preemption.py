@@ -20,28 +20,14 @@ from tests.support.elastic import (
     assert_each_sample_once_per_epoch,
     assert_same_model_after_every_reset,
     events,
+    read_progress,
+    wait_for,
 )
 from tests.support.hosts import hosts_or_skip
 from tests.support.launch import _job_env, horovodrun
 from tests.support.timing import SLACK_S
 
 PREEMPTED = "rank {rank} on host {host} was preempted (SIGTERM) and left the job; continuing with {n}"
-
-
-def _progress(path: Path):
-    try:
-        step, size = path.read_text().split()
-        return int(step), int(size)
-    except (OSError, ValueError):
-        return -1, 0
-
-
-def _wait_for(what, condition, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _local_worker(slot: str, progress: Path) -> psutil.Process:
@@ -61,11 +47,11 @@ def _preempt_at(step: int, progress: Path, find, seen: dict) -> threading.Thread
     """A thread that sends SIGTERM to the worker ``find()`` returns once rank 0 reported ``step``."""
 
     def act() -> None:
-        _wait_for(f"step {step}", lambda: _progress(progress)[0] >= step)
+        wait_for(f"step {step}", lambda: read_progress(progress)[0] >= step)
         victim = find()
         seen["pid"] = victim.pid
         victim.send_signal(signal.SIGTERM)
-        seen["step"] = _progress(progress)[0]
+        seen["step"] = read_progress(progress)[0]
 
     thread = threading.Thread(target=act, daemon=True)
     thread.start()
@@ -118,7 +104,7 @@ def test_a_preempted_host_is_not_blacklisted_and_rejoins_once_rediscovered(tmp_p
 
         def reclaim_then_replace() -> None:
             _preempt_at(5, progress, remote_worker, seen).join()
-            _wait_for("the job at size 1", lambda: _progress(progress)[1] == 1)
+            wait_for("the job at size 1", lambda: read_progress(progress)[1] == 1)
             hosts_file.write_text(f"{cluster.hosts[0].address}:1\n")    # the instance is gone ...
             time.sleep(3.0)     # ... for three discovery periods (1 s each), so that the driver sees it gone
             hosts_file.write_text("".join(f"{host.address}:1\n" for host in cluster.hosts))    # ... and back
@@ -153,7 +139,7 @@ def test_sigterm_to_horovodrun_still_stops_the_whole_job(tmp_path):
                                  "-H", "localhost:1,127.0.0.1:1", sys.executable, WORKER], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     try:
-        _wait_for("step 3", lambda: _progress(progress)[0] >= 3, timeout=120)
+        wait_for("step 3", lambda: read_progress(progress)[0] >= 3, timeout=120)
         workers = [_local_worker(slot, progress) for slot in ("localhost:0", "127.0.0.1:0")]
         started = time.monotonic()
         launcher.send_signal(signal.SIGTERM)

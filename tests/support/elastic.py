@@ -2,6 +2,7 @@
 and, for the job tests (tests/integration/test_elastic*.py), the worker program and readers of its output."""
 import json
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, List, Tuple
@@ -68,3 +69,21 @@ def assert_each_sample_once_per_epoch(output: str, samples: int, epochs: int) ->
             seen = done["seen"][str(epoch)]
             assert set(seen) == set(range(samples)), f"epoch {epoch} missed samples\n{output}"
             assert len(seen) - samples < int(done["size"]) * 4, f"epoch {epoch} repeated samples\n{output}"
+
+
+def read_progress(path: Path) -> Tuple[int, int]:
+    """(step, size) that an elastic job's worker last wrote to ``path`` ("<step> <size>"); (-1, 0) before it did."""
+    try:
+        step, size = path.read_text().split()
+        return int(step), int(size)
+    except (OSError, ValueError):
+        return -1, 0
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float = 120.0) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

@@ -16,6 +16,7 @@ import numpy as np
 from horovod.common import gradient_presence as presence
 from horovod.common.types import ReduceOp
 from horovod.core import ops
+from horovod.core.presence_check import verdict_on_host
 from horovod.core.process_sets import ProcessSet
 
 
@@ -115,19 +116,8 @@ def presence_check(grads: Sequence[Any], variables: Optional[Sequence[Any]], nam
     labels = [presence.label(None if variables is None else variables[i], i) for i in range(len(grads))]
     vector = presence.presence_vector([g is None for g in grads])
 
-    def allreduce_sum(array: np.ndarray) -> np.ndarray:
-        with ops.blocking():
-            handle = ops.allreduce_async(array, None, f"{name}.gradients_present", ReduceOp.SUM,
-                                         process_set=process_set)
-        return handle.wait()
-
-    def allgather(flags: np.ndarray) -> np.ndarray:
-        return ops.allgather_async(flags, f"{name}.gradients_present.ranks", process_set=process_set).wait()
-
     def check() -> None:
-        ranks = (list(range(ops.set_size(process_set))) if process_set.process_set_id in (0, None)
-                 else list(process_set.ranks))
-        message = presence.none_gradient_verdict(vector, labels, ranks, allreduce_sum, allgather, name, remedy)
+        message = verdict_on_host(vector, labels, name, process_set, name, remedy)
         if message is not None:
             raise NoneGradientError(message)
 

@@ -82,6 +82,11 @@ def set_size(process_set: Optional[ProcessSet]) -> int:
     return basics.size() if _is_global(process_set) else process_set.size()
 
 
+def set_ranks(process_set: Optional[ProcessSet]) -> List[int]:
+    """The global ranks of ``process_set``'s positions (every rank for None or the global set)."""
+    return list(range(basics.size())) if _is_global(process_set) else list(process_set.ranks)
+
+
 def set_rank(process_set: Optional[ProcessSet]) -> Optional[int]:
     """This rank's position in ``process_set`` (its global rank for None or the global set); None when it is not
     a member (a collective on the set then raises, naming it)."""

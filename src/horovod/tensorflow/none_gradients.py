@@ -46,6 +46,7 @@ import tensorflow as tf
 from horovod.common import gradient_presence as presence
 from horovod.common.types import ReduceOp
 from horovod.core import ops
+from horovod.core.presence_check import verdict_on_host
 from horovod.core.process_sets import ProcessSet
 from horovod.tensorflow import errors, graph_call, mpi_ops
 
@@ -57,31 +58,6 @@ class NoneGradientError(errors.InvalidArgumentError):
 TAPE_REMEDY = ("Make the loss depend on the same variables on every rank, pass "
                "unconnected_gradients=tf.UnconnectedGradients.ZERO to tape.gradient(...) to get zeros instead of "
                "None, or leave the variable out of the sources on every rank.")
-
-
-def set_ranks(process_set: ProcessSet) -> List[int]:
-    """The global ranks of the set's positions."""
-    if process_set.process_set_id in (0, None):
-        return list(range(ops.set_size(process_set)))
-    return list(process_set.ranks)
-
-
-def verdict_on_host(vector: np.ndarray, labels: Sequence[str], name: str, process_set: ProcessSet, who: str,
-                    remedy: str) -> Optional[str]:
-    """``gradient_presence.none_gradient_verdict`` on the op layer: a blocking Sum allreduce named
-    ``<name>.gradients_present`` (the fast round where it applies) and, only on a partial gradient, an allgather
-    ``<name>.gradients_present.ranks``."""
-    def allreduce_sum(array: np.ndarray) -> np.ndarray:
-        with ops.blocking():
-            handle = ops.allreduce_async(array, None, f"{name}.gradients_present", ReduceOp.SUM,
-                                         process_set=process_set)
-        return handle.wait()
-
-    def allgather(flags: np.ndarray) -> np.ndarray:
-        return ops.allgather_async(flags, f"{name}.gradients_present.ranks", process_set=process_set).wait()
-
-    return presence.none_gradient_verdict(vector, labels, set_ranks(process_set), allreduce_sum, allgather, who,
-                                          remedy)
 
 
 def host_check(grads: Sequence, variables: Optional[Sequence], name: str, process_set: ProcessSet,

@@ -64,12 +64,6 @@ def _tensor_name(names: Sequence[str]) -> str:
     return f"{base}.{_named[base]}"
 
 
-def _set_ranks(process_set: ProcessSet) -> List[int]:
-    if process_set.process_set_id in (0, None):
-        return list(range(ops.set_size(process_set)))
-    return list(process_set.ranks)
-
-
 class UnusedParameters:
     """Per-step bookkeeping of the parameters without a gradient (see the module docstring).
 
@@ -134,7 +128,7 @@ class UnusedParameters:
     def _examine(self, step: int, masks: presence.RankMasks) -> None:
         """Report ``step``'s parameters missing on some ranks (the first time for each) and the ones missing
         everywhere for :data:`STEPS_IN_A_ROW` steps in a row."""
-        ranks = _set_ranks(self.process_set)
+        ranks = ops.set_ranks(self.process_set)
         took_part = masks.took_part()
         new = [i for i in masks.partial() if not self._reported_partial[i]]
         self._reported_partial[new] = True
