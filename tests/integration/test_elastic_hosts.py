@@ -11,7 +11,14 @@ import threading
 
 import pytest
 
-from tests.support.elastic import WORKER, assert_same_model_after_every_reset, events, read_progress, wait_for
+from tests.support.elastic import (
+    WORKER,
+    assert_same_model_after_every_reset,
+    discovery_script,
+    events,
+    read_progress,
+    wait_for,
+)
 from tests.support.hosts import hosts_or_skip
 from tests.support.launch import horovodrun
 
@@ -24,11 +31,7 @@ FAILED_COLLECTIVE = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[ho
 @pytest.mark.timeout(300)
 def test_a_cut_link_fails_the_host_over_and_it_rejoins_after_the_cooldown(tmp_path):
     with hosts_or_skip(3) as cluster:
-        hosts_file = tmp_path / "hosts.txt"
-        hosts_file.write_text("".join(f"{host.address}:1\n" for host in cluster.hosts))
-        script = tmp_path / "discover.sh"
-        script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
-        script.chmod(0o755)
+        _, script = discovery_script(tmp_path, [host.address for host in cluster.hosts])
         progress = tmp_path / "progress"
         victim = cluster.hosts[2]
         seen = {}

@@ -19,6 +19,7 @@ from tests.support.elastic import (
     WORKER,
     assert_each_sample_once_per_epoch,
     assert_same_model_after_every_reset,
+    discovery_script,
     events,
     read_progress,
     wait_for,
@@ -88,11 +89,7 @@ def test_a_preempted_rank_0_leaves_and_the_others_go_on_without_a_failure(tmp_pa
 @pytest.mark.timeout(300)
 def test_a_preempted_host_is_not_blacklisted_and_rejoins_once_rediscovered(tmp_path):
     with hosts_or_skip(2) as cluster:
-        hosts_file = tmp_path / "hosts.txt"
-        hosts_file.write_text("".join(f"{host.address}:1\n" for host in cluster.hosts))
-        script = tmp_path / "discover.sh"
-        script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
-        script.chmod(0o755)
+        hosts_file, script = discovery_script(tmp_path, [host.address for host in cluster.hosts])
         progress = tmp_path / "progress"
         victim = cluster.hosts[1]
         seen = {}

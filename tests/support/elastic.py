@@ -87,3 +87,14 @@ def wait_for(what: str, condition: Callable[[], bool], timeout: float = 120.0) -
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def discovery_script(folder: Path, addresses: List[str]) -> Tuple[Path, Path]:
+    """A host discovery script that prints ``folder/hosts.txt``, which starts as one slot on each of
+    ``addresses``; returns (the hosts file, which a test rewrites to add or remove hosts, the script)."""
+    hosts_file = folder / "hosts.txt"
+    hosts_file.write_text("".join(f"{address}:1\n" for address in addresses))
+    script = folder / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(0o755)
+    return hosts_file, script
