@@ -443,3 +443,31 @@ def test_progress_counts_requests_and_emissions():
     coord.add_request(1, allreduce("g"))
     coord.take_ready()
     assert coord.progress == before + 3
+
+
+# ------------------------------------------------------------------------------------------------ device buffers
+def test_a_tensor_in_host_memory_on_one_rank_and_device_memory_on_another_is_refused_naming_both():
+    coord = coordinator(3)
+    coord.add_request(0, make_request("t", AR, F32, [4]))
+    for rank in (1, 2):
+        coord.add_request(rank, make_request("t", AR, F32, [4], device=1))
+    [error] = errors(coord.take_ready())
+    message = error[2]
+    assert "Mismatched devices for ALLREDUCE of tensor 't'" in message, message
+    assert "rank 0 sent a tensor in host memory" in message and "ranks 1, 2 sent a tensor in device memory" in message
+    assert "HOROVOD_CUDA_IPC" in message
+
+
+def test_device_requests_carry_their_device_and_are_never_fused_with_host_ones():
+    coord = coordinator(2)
+    for rank in range(2):
+        coord.add_request(rank, make_request("host", AR, F32, [4]))
+        coord.add_request(rank, make_request("dev1", AR, F32, [4], device=1))
+        coord.add_request(rank, make_request("dev2", AR, F32, [4], device=1))
+    items = coord.take_ready()
+    batch_lists = [[TensorResponse.from_wire(x) for x in item[1]] for item in batches(items)]
+    assert sorted([[r.name for r in b] for b in batch_lists]) == [["dev1", "dev2"], ["host"]]
+    assert {r.name: r.device for b in batch_lists for r in b} == {"host": 0, "dev1": 1, "dev2": 1}
+    cached = TensorResponse.from_wire(batch_lists[0][0].to_wire())
+    assert cached.request_matches(0, make_request(cached.name, AR, F32, [4], device=cached.device))
+    assert not cached.request_matches(0, make_request(cached.name, AR, F32, [4], device=1 - cached.device))

@@ -5,6 +5,8 @@ They sit in the shared ground so that ``horovod.common.util`` (an upstream impor
 """
 from __future__ import annotations
 
+import sys
+
 from horovod.common import mpi_context
 
 
@@ -19,7 +21,8 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> int:
-    """0: this build has no NCCL data plane (GPU tensors are staged through host memory, see docs/torch.md)."""
+    """0: there is no NCCL data plane (CUDA tensors of ranks on one host go through CUDA IPC instead, and across
+    hosts they are staged through host memory; docs/gpu.md)."""
     return 0
 
 
@@ -34,8 +37,13 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    """False: no CUDA kernels are built (there is nothing to build)."""
-    return False
+    """True when CUDA tensors can be reduced on the GPU here: torch is loaded and sees a GPU (the CUDA IPC plane,
+    docs/gpu.md, needs nothing built). It never imports torch itself."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_available())
+    except Exception:           # a torch without a working CUDA runtime
+        return False
 
 
 def rocm_built() -> bool:

@@ -136,6 +136,13 @@ _KNOBS = [
          "ranks' buffers (process_vm_readv/writev, used where the kernel allows it); 0 keeps them on the "
          "shared-memory slots.",
          ours=True),
+    Knob("HOROVOD_CUDA_IPC", parse_bool, True,
+         "CUDA tensors of a job whose ranks share one host are exchanged between the ranks' GPU memory through "
+         "CUDA IPC and reduced on the GPU (docs/gpu.md); 0 stages them through host memory instead. Set it alike "
+         "on every rank.", ours=True),
+    Knob("HOROVOD_CUDA_IPC_WINDOW_BYTES", int, 64 * 1024 * 1024,
+         "GPU memory each rank exports to the others for the CUDA IPC plane; larger collectives move through it "
+         "in chunks of this size.", ours=True),
     Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
          "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
          ours=True),

@@ -15,9 +15,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 import cloudpickle
 import numpy as np
 
+from horovod.backends import device_ipc
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
-from horovod.core.controller.messages import make_request
+from horovod.core.controller.messages import HOST, make_request
 from horovod.core.engine import Entry, output_pool
 from horovod.core.engine.handles import Handle
 from horovod.core.process_sets import ProcessSet
@@ -103,6 +104,19 @@ def check_array(arr: np.ndarray) -> DataType:
     return data_type_of(arr.dtype)
 
 
+def describe(tensor, device: int = HOST) -> DataType:
+    """The wire dtype of a host array (:func:`check_array`) or of a device array (its plane's ops say)."""
+    if device == HOST:
+        return check_array(tensor)
+    return device_ipc.ops_for(device).data_type(tensor)
+
+
+def _empty_like(tensor, device: int):
+    if device == HOST:
+        return output_pool.empty_like(tensor)
+    return device_ipc.ops_for(device).empty(tuple(tensor.shape), describe(tensor, device))
+
+
 _ADASUM_DTYPES = frozenset({DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64})
 
 
@@ -141,17 +155,17 @@ def _per_tensor(allocate: Allocators, n: int) -> List[Optional[Allocator]]:
 
 def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, name: Optional[str] = None,
                     op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    process_set: Optional[ProcessSet] = None) -> Handle:
+                    process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Reduce ``tensor`` across ranks into ``output`` (a new array unless given; may be ``tensor`` itself)."""
     engine = _engine(process_set)
-    dtype = check_array(tensor)
+    dtype = describe(tensor, device)
     op = _check_reduce(op, dtype, "allreduce")
     _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
     name = name or tensor_name("allreduce", None, process_set=process_set)
     if output is None:
-        output = output_pool.empty_like(tensor)
+        output = _empty_like(tensor, device)
     handle = Handle(name)
-    request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor)
+    request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor, device=device)
     entry = Entry(request, tensor, output, handle)
     if _take_blocking():
         engine.submit_blocking(entry)
@@ -163,46 +177,46 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Sequence[np.ndarray]] = None,
                             name: Optional[str] = None, op: ReduceOp = ReduceOp.AVERAGE,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: Optional[ProcessSet] = None) -> Handle:
+                            process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Allreduce a list of tensors negotiated and fused as one unit; the handle's result is a list."""
     engine = _engine(process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    outputs = [output_pool.empty_like(t) for t in tensors] if outputs is None else list(outputs)
+    outputs = [_empty_like(t, device) for t in tensors] if outputs is None else list(outputs)
     base = name or tensor_name("grouped_allreduce", None, process_set=process_set)
     n = len(tensors)
     handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, out) in enumerate(zip(tensors, outputs)):
-        dtype = check_array(t)
+        dtype = describe(t, device)
         op = _check_reduce(op, dtype, "grouped_allreduce")
         _check_scale(dtype, prescale_factor, postscale_factor, "grouped_allreduce")
         member = f"{base}_{i}of{n}"
         request = make_request(member, RequestType.ALLREDUCE, dtype, t.shape, op, prescale_factor,
-                               postscale_factor, group=base, group_size=n)
+                               postscale_factor, group=base, group_size=n, device=device)
         entries.append(Entry(request, t, out, handle, index=i))
     engine.enqueue(entries)
     return handle
 
 
 def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Optional[Allocator] = None,
-                    process_set: Optional[ProcessSet] = None) -> Handle:
+                    process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
     engine = _engine(process_set)
-    dtype = check_array(tensor)
+    dtype = describe(tensor, device)
     if tensor.ndim == 0:
         raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
     name = name or tensor_name("allgather", None, process_set=process_set)
     handle = Handle(name)
-    request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape)
+    request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape, device=device)
     engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
     return handle
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
                             allocate: Allocators = None,
-                            process_set: Optional[ProcessSet] = None) -> Handle:
+                            process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Allgather each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine(process_set)
     tensors = list(tensors)
@@ -211,34 +225,34 @@ def grouped_allgather_async(tensors: Sequence[np.ndarray], name: Optional[str] =
     handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
-        dtype = check_array(t)
+        dtype = describe(t, device)
         if t.ndim == 0:
             raise ValueError("allgather needs tensors with at least one dimension.")
-        request = make_request(f"{base}_{i}of{n}", RequestType.ALLGATHER, dtype, t.shape, group=base, group_size=n)
+        request = make_request(f"{base}_{i}of{n}", RequestType.ALLGATHER, dtype, t.shape, group=base, group_size=n, device=device)
         entries.append(Entry(request, t, None, handle, index=i, allocate=alloc))
     engine.enqueue(entries)
     return handle
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndarray] = None,
-                    name: Optional[str] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+                    name: Optional[str] = None, process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Copy ``root_rank``'s ``tensor`` to every rank (into ``output``, a new array unless given)."""
     engine = _engine(process_set)
-    dtype = check_array(tensor)
+    dtype = describe(tensor, device)
     name = name or tensor_name("broadcast", None, process_set=process_set)
     if output is None:
-        output = output_pool.empty_like(tensor)
+        output = _empty_like(tensor, device)
     handle = Handle(name)
-    request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank))
+    request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
     engine.enqueue([Entry(request, tensor, output, handle)])
     return handle
 
 
 def alltoall_async(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, name: Optional[str] = None,
-                   allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+                   allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Send ``splits[j]`` rows of ``tensor`` to rank j; the result is (output, received_splits)."""
     engine = _engine(process_set)
-    dtype = check_array(tensor)
+    dtype = describe(tensor, device)
     size = engine.size
     if tensor.ndim == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension.")
@@ -254,17 +268,17 @@ def alltoall_async(tensor: np.ndarray, splits: Optional[Sequence[int]] = None, n
         raise ValueError(f"alltoall splits {splits} must be non-negative and add up to dim 0 ({tensor.shape[0]}).")
     name = name or tensor_name("alltoall", None, process_set=process_set)
     handle = Handle(name)
-    request = make_request(name, RequestType.ALLTOALL, dtype, tensor.shape, splits=splits)
+    request = make_request(name, RequestType.ALLTOALL, dtype, tensor.shape, splits=splits, device=device)
     engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
     return handle
 
 
 def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: ReduceOp = ReduceOp.AVERAGE,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                        allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None) -> Handle:
+                        allocate: Optional[Allocator] = None, process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Reduce ``tensor`` across ranks and keep this rank's block of dim 0 (ranks < n % size get one more row)."""
     engine = _engine(process_set)
-    dtype = check_array(tensor)
+    dtype = describe(tensor, device)
     op = ReduceOp(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
@@ -275,7 +289,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     name = name or tensor_name("reducescatter", None, process_set=process_set)
     handle = Handle(name)
     request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
-                           postscale_factor)
+                           postscale_factor, device=device)
     engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
     return handle
 
@@ -283,7 +297,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
 def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[str] = None,
                                 op: ReduceOp = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0, allocate: Allocators = None,
-                                process_set: Optional[ProcessSet] = None) -> Handle:
+                                process_set: Optional[ProcessSet] = None, device: int = HOST) -> Handle:
     """Reducescatter each tensor of a list, negotiated as one unit; the handle's result is a list."""
     engine = _engine(process_set)
     tensors = list(tensors)
@@ -295,13 +309,13 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: Optional[st
     handle = Handle(base, parts=n, finish=list)
     entries = []
     for i, (t, alloc) in enumerate(zip(tensors, _per_tensor(allocate, n))):
-        dtype = check_array(t)
+        dtype = describe(t, device)
         if t.ndim == 0:
             raise ValueError("reducescatter needs tensors with at least one dimension.")
         _check_reduce(op, dtype, "grouped_reducescatter")
         _check_scale(dtype, prescale_factor, postscale_factor, "grouped_reducescatter")
         request = make_request(f"{base}_{i}of{n}", RequestType.REDUCESCATTER, dtype, t.shape, op, prescale_factor,
-                               postscale_factor, group=base, group_size=n)
+                               postscale_factor, group=base, group_size=n, device=device)
         entries.append(Entry(request, t, None, handle, index=i, allocate=alloc))
     engine.enqueue(entries)
     return handle

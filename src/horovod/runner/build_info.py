@@ -20,8 +20,8 @@ _PROBES = {
     "JAX": ("jax", "import jax; print(1)"),
     "MPI": ("mpi4py", "import mpi4py; mpi4py.rc.initialize = False; mpi4py.rc.finalize = False; "
                       "from mpi4py import MPI; print(1)"),
-    "NCCL": ("torch", "import torch, torch.distributed as d; "
-                      "print(int(torch.cuda.is_available() and d.is_available() and d.is_nccl_available()))"),
+    # No NCCL plane exists (docs/gpu.md): the answer is the library's own, never torch's NCCL.
+    "NCCL": ("horovod", "from horovod.common.build import nccl_built; print(int(bool(nccl_built())))"),
 }
 
 

@@ -16,6 +16,7 @@ from horovod.core.engine.handles import Handle
 from horovod.core.ops import set_rank as process_set_rank  # noqa: F401  (torch's names for them)
 from horovod.core.ops import set_size as process_set_size
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.torch import cuda_ipc
 from horovod.torch.handles import Pending, handle_map, synchronize
 from horovod.torch.tensors import (
     MOVE_DTYPES,
@@ -41,6 +42,11 @@ def _name(op: str, name: Optional[str], process_set: Optional[ProcessSet] = None
 def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: ReduceOp,
                      prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> int:
     check_tensor(tensor, REDUCE_DTYPES, "allreduce")
+    device = cuda_ipc.device_for([tensor, output], op)
+    if device:
+        handle = ops.allreduce_async(tensor, output, _name("allreduce", name, process_set), op, prescale_factor,
+                                     postscale_factor, process_set, device=device)
+        return handle_map.add(Pending(handle, lambda _: output, (tensor, output)))
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
     array_in = numpy_view(host_in)
@@ -78,6 +84,11 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
     tensors, outputs = list(tensors), list(outputs)
     for t in tensors:
         check_tensor(t, REDUCE_DTYPES, "grouped_allreduce")
+    device = cuda_ipc.device_for(tensors + outputs, op)
+    if device:
+        handle = ops.grouped_allreduce_async(tensors, outputs, _name("grouped_allreduce", name, process_set), op,
+                                             prescale_factor, postscale_factor, process_set, device=device)
+        return handle_map.add(Pending(handle, lambda _: outputs, (tensors, outputs)))
     host_in = [to_host(t) for t in tensors]
     host_out = [hi if o is t else to_host(o) for t, o, hi in zip(tensors, outputs, host_in)]
     handle = ops.grouped_allreduce_async([numpy_view(t) for t in host_in], [numpy_view(o) for o in host_out],
@@ -142,22 +153,33 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather along dim 0 (dim 0 may differ between ranks)."""
     check_tensor(tensor, MOVE_DTYPES, "allgather")
-    host = to_host(tensor)
     made: List[torch.Tensor] = []
+    device = cuda_ipc.device_for([tensor])
+    if device:
+        handle = ops.allgather_async(tensor, _name("allgather", name, process_set), cuda_ipc.allocator(tensor, made),
+                                     process_set, device=device)
+        return handle_map.add(Pending(handle, lambda _: made[0], (tensor, made)))
+    host = to_host(tensor)
     handle = ops.allgather_async(numpy_view(host), _name("allgather", name, process_set), torch_allocator(tensor.dtype, made), process_set)
     return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
 
 
 def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str,
-                        start: Callable[[List[np.ndarray], List[Callable]], Handle]) -> int:
-    """A grouped op whose outputs are sized by negotiation: one new torch output per tensor, in order."""
+                        start: Callable[..., Handle]) -> int:
+    """A grouped op whose outputs are sized by negotiation: one new torch output per tensor, in order.
+    ``start(arrays, allocators, device)`` submits it."""
     tensors = list(tensors)
     for t in tensors:
         check_tensor(t, allowed, what)
+    device = cuda_ipc.device_for(tensors)
+    if device:
+        made_on_device: List[Optional[torch.Tensor]] = []
+        handle = start(tensors, [cuda_ipc.allocator(t, made_on_device, i) for i, t in enumerate(tensors)], device)
+        return handle_map.add(Pending(handle, lambda _: list(made_on_device), (tensors, made_on_device)))
     hosts = [to_host(t) for t in tensors]
     made: List[Optional[torch.Tensor]] = []
     allocators = [torch_allocator(t.dtype, made, i) for i, t in enumerate(tensors)]
-    handle = start([numpy_view(h) for h in hosts], allocators)
+    handle = start([numpy_view(h) for h in hosts], allocators, 0)
     return handle_map.add(Pending(handle, lambda _: [to_device_of(m, t) for m, t in zip(made, tensors)],
                                  (tensors, hosts, made)))
 
@@ -165,13 +187,18 @@ def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather of each tensor of a list, as one unit."""
-    return _grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators:
-                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name, process_set), allocators,
-                                                           process_set))
+    return _grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators, device:
+                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name, process_set),
+                                                           allocators, process_set, device=device))
 
 
 def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
     check_tensor(tensor, MOVE_DTYPES, "broadcast")
+    device = cuda_ipc.device_for([tensor, output])
+    if device:
+        handle = ops.broadcast_async(tensor, root_rank, output, _name("broadcast", name, process_set), process_set,
+                                     device=device)
+        return handle_map.add(Pending(handle, lambda _: output, (tensor, output)))
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
     handle = ops.broadcast_async(numpy_view(host_in), root_rank, numpy_view(host_out), _name("broadcast", name, process_set), process_set)
@@ -201,11 +228,17 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
                    process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``, with splits or without (upstream)."""
     check_tensor(tensor, MOVE_DTYPES, "alltoall")
-    host = to_host(tensor)
     split_list = None
     if splits is not None:
         split_list = [int(s) for s in (splits.tolist() if isinstance(splits, torch.Tensor) else splits)]
     made: List[torch.Tensor] = []
+    device = cuda_ipc.device_for([tensor])
+    if device:
+        handle = ops.alltoall_async(tensor, split_list, _name("alltoall", name, process_set),
+                                    cuda_ipc.allocator(tensor, made), process_set, device=device)
+        return handle_map.add(Pending(handle, lambda result: (made[0], torch.from_numpy(
+            np.asarray(result[1], np.int32))), (tensor, made)))
+    host = to_host(tensor)
     handle = ops.alltoall_async(numpy_view(host), split_list, _name("alltoall", name, process_set), torch_allocator(tensor.dtype, made),
                                 process_set)
 
@@ -231,8 +264,14 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Re
     """Start a reducescatter (Sum or Average); ranks < n % size get one extra row."""
     check_tensor(tensor, REDUCE_DTYPES, "reducescatter")               # as upstream: the tensor first, then the op
     op = _check_reducescatter_op(op)
-    host = to_host(tensor)
     made: List[torch.Tensor] = []
+    device = cuda_ipc.device_for([tensor])
+    if device:
+        handle = ops.reducescatter_async(tensor, _name("reducescatter", name, process_set), op, prescale_factor,
+                                         postscale_factor, cuda_ipc.allocator(tensor, made), process_set,
+                                         device=device)
+        return handle_map.add(Pending(handle, lambda _: made[0], (tensor, made)))
+    host = to_host(tensor)
     handle = ops.reducescatter_async(numpy_view(host), _name("reducescatter", name, process_set), op, prescale_factor, postscale_factor,
                                      torch_allocator(tensor.dtype, made), process_set)
     return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
@@ -242,9 +281,10 @@ def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each tensor of a list, as one unit."""
-    def start(arrays, allocators):            # runs after the tensors are checked (upstream's order of errors)
+    def start(arrays, allocators, device):    # runs after the tensors are checked (upstream's order of errors)
         checked = _check_reducescatter_op(op)
         return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name, process_set), checked,
-                                               prescale_factor, postscale_factor, allocators, process_set)
+                                               prescale_factor, postscale_factor, allocators, process_set,
+                                               device=device)
 
     return _grouped_allocating(tensors, REDUCE_DTYPES, "grouped_reducescatter", start)

@@ -18,7 +18,9 @@ from horovod.core.controller import fusion
 from horovod.core.controller.messages import (
     BATCH,
     ERROR,
+    HOST,
     JOIN,
+    R_DEVICE,
     R_DTYPE,
     R_GROUP,
     R_GROUP_SIZE,
@@ -328,6 +330,10 @@ class Coordinator:
         diff = self._differ(requests, lambda q: _DTYPE_NAMES[q[R_DTYPE]])
         if diff:
             return f"Mismatched data types for {op_name} of tensor '{name}': {diff}."
+        diff = self._differ(requests, lambda q: "host memory" if q[R_DEVICE] == HOST else "device memory")
+        if diff:
+            return (f"Mismatched devices for {op_name} of tensor '{name}': {diff.replace('sent', 'sent a tensor in')}. "
+                    "Put the tensor on the same kind of device on every rank (and set HOROVOD_CUDA_IPC alike).")
         missing = [self.ranks[p] for p in sorted(set(range(self.size)) - set(requests))]
         if missing and rtype in _NOT_WITH_JOIN:
             return (f"{_NOT_WITH_JOIN[rtype]} is not supported with Join at this time: rank(s) "
@@ -381,4 +387,4 @@ class Coordinator:
 
     def _response(self, name: str, first: list, shape: List[int], extra) -> TensorResponse:
         return TensorResponse(name, first[R_TYPE], first[R_DTYPE], shape, first[R_OP], first[R_PRE],
-                              first[R_POST], first[R_ROOT], extra)
+                              first[R_POST], first[R_ROOT], extra, first[R_DEVICE])

@@ -11,25 +11,30 @@ from typing import List, Optional, Sequence
 from horovod.common.types import DataType, ReduceOp, RequestType
 
 # Request list layout (index constants keep the hot path free of attribute lookups).
-R_NAME, R_TYPE, R_DTYPE, R_SHAPE, R_OP, R_PRE, R_POST, R_ROOT, R_GROUP, R_GROUP_SIZE, R_SPLITS = range(11)
+R_NAME, R_TYPE, R_DTYPE, R_SHAPE, R_OP, R_PRE, R_POST, R_ROOT, R_GROUP, R_GROUP_SIZE, R_SPLITS, R_DEVICE = range(12)
+
+# Where a request's buffers live (R_DEVICE): host memory, or a device whose plane is registered in
+# horovod.backends.device_ipc (CUDA; the CPU emulation its tests use). Ranks must agree, and a batch never mixes.
+HOST = 0
 
 
 def make_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence[int],
                  reduce_op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0, postscale: float = 1.0,
                  root: int = -1, group: str = "", group_size: int = 0,
-                 splits: Optional[Sequence[int]] = None) -> list:
+                 splits: Optional[Sequence[int]] = None, device: int = HOST) -> list:
     """A request as the list that goes on the wire."""
     return [name, int(rtype), int(dtype), [int(d) for d in shape], int(reduce_op), float(prescale),
-            float(postscale), int(root), group, int(group_size), None if splits is None else [int(s) for s in splits]]
+            float(postscale), int(root), group, int(group_size), None if splits is None else [int(s) for s in splits],
+            int(device)]
 
 
 class TensorResponse:
     """The negotiated description of one tensor's collective, identical on every rank."""
 
-    __slots__ = ("name", "rtype", "dtype", "shape", "reduce_op", "prescale", "postscale", "root", "extra")
+    __slots__ = ("name", "rtype", "dtype", "shape", "reduce_op", "prescale", "postscale", "root", "extra", "device")
 
     def __init__(self, name: str, rtype: int, dtype: int, shape: List[int], reduce_op: int, prescale: float,
-                 postscale: float, root: int, extra) -> None:
+                 postscale: float, root: int, extra, device: int = HOST) -> None:
         self.name = name
         self.rtype = rtype
         self.dtype = dtype
@@ -39,10 +44,11 @@ class TensorResponse:
         self.postscale = postscale
         self.root = root
         self.extra = extra          # allgather: dim0 per rank; alltoall: splits matrix [src][dst]
+        self.device = device        # HOST, or the device plane the buffers live on (R_DEVICE)
 
     def to_wire(self) -> list:
         return [self.name, self.rtype, self.dtype, self.shape, self.reduce_op, self.prescale, self.postscale,
-                self.root, self.extra]
+                self.root, self.extra, self.device]
 
     @classmethod
     def from_wire(cls, item: list) -> TensorResponse:
@@ -50,7 +56,7 @@ class TensorResponse:
 
     def fusion_key(self) -> tuple:
         """Responses with equal keys may share one fused buffer."""
-        return (self.rtype, self.dtype, self.reduce_op, self.prescale, self.postscale)
+        return (self.rtype, self.dtype, self.reduce_op, self.prescale, self.postscale, self.device)
 
     def numel(self) -> int:
         n = 1
@@ -63,6 +69,8 @@ class TensorResponse:
         if request[R_TYPE] != self.rtype or request[R_DTYPE] != self.dtype or request[R_OP] != self.reduce_op:
             return False
         if request[R_PRE] != self.prescale or request[R_POST] != self.postscale or request[R_ROOT] != self.root:
+            return False
+        if request[R_DEVICE] != self.device:
             return False
         shape = request[R_SHAPE]
         if self.rtype == RequestType.ALLGATHER:

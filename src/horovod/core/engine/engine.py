@@ -41,6 +41,7 @@ from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME,
 from horovod.core.controller.response_cache import ResponseCache
 from horovod.core.engine import fast_rounds, flight, lifecycle, loops
 from horovod.core.engine.control import ControlChannel
+from horovod.core.engine.device_planes import DevicePlanes
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
 from horovod.core.engine.observer import EngineObserver, Hooks
@@ -93,6 +94,7 @@ class Engine:
         self.global_rank = self.ranks[rank]
         self.process_set_id = process_set_id
         self.backend = backend
+        self.devices = DevicePlanes(rank, size, backend)      # device buffers' planes, made on first use
         self.settings = settings = settings if settings is not None else EngineSettings()
         self.control = ControlChannel(rank, control, settings.hosts, size, self.ranks)
         self.cache = ResponseCache(settings.cache_capacity)
@@ -584,6 +586,7 @@ class Engine:
             except OSError:
                 pass
         self._close_fast_rounds()
+        self.devices.close()
         if self._on_close is not None:
             try:
                 self._on_close()

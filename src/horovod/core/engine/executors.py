@@ -6,7 +6,7 @@ submitting), runs the data plane, and completes the entries' handles.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol, Tuple
+from typing import Callable, Dict, List, Optional, Protocol
 
 import numpy as np
 
@@ -16,7 +16,11 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import TensorResponse
-from horovod.core.engine import output_pool
+from horovod.core.engine import device_executors, output_pool
+from horovod.core.engine.device_planes import DevicePlanes
+from horovod.core.engine.layouts import row as _row
+from horovod.core.engine.layouts import split_rows as _split_rows
+from horovod.core.engine.layouts import summed
 
 
 class Executing(Protocol):
@@ -26,6 +30,7 @@ class Executing(Protocol):
     size: int
     ranks: List[int]        # the set's global ranks, by position
     backend: Backend
+    devices: DevicePlanes   # the planes of device buffers (device_planes.py)
 
 
 def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
@@ -34,18 +39,6 @@ def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 def _allocate(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return (entry.allocate or _default_allocate)(shape, dtype)
-
-
-def _row(shape) -> int:
-    """Elements per first-dimension row of a tensor of ``shape``."""
-    return int(np.prod(shape)) if shape else 1
-
-
-def summed(op: int, postscale: float, size: int) -> Tuple[ReduceOp, float]:
-    """Average is a Sum whose postscale is divided by the number of ranks (upstream's rewrite, in one place)."""
-    if op == ReduceOp.AVERAGE:
-        return ReduceOp.SUM, postscale / size
-    return ReduceOp(op), postscale
 
 
 def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
@@ -143,11 +136,6 @@ def alltoall(ctx: Executing, batch: List[TensorResponse], entries: List[Optional
     entry.handle.set_result(entry.index, (out, np.asarray(received, np.int32)))
 
 
-def _split_rows(shape, size: int) -> List[int]:
-    """Upstream's reducescatter split: ``shape[0] // size`` rows each, one more for the first remainder ranks."""
-    return [shape[0] // size + (1 if r < shape[0] % size else 0) for r in range(size)]
-
-
 def reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
     if len(batch) > 1:
         _fused_reducescatter(ctx, batch, entries)
@@ -220,7 +208,10 @@ EXECUTORS: Dict[int, Executor] = {
 
 
 def run_batch(ctx: Executing, batch: List[TensorResponse], entries: List[Optional[object]]) -> None:
-    """Execute one response batch with the executor of its collective."""
+    """Execute one response batch with the executor of its collective (on the device plane for device buffers)."""
+    if batch[0].device:
+        device_executors.run_batch(ctx, batch, entries)
+        return
     rtype = batch[0].rtype
     executor = EXECUTORS.get(rtype)
     if executor is None:

@@ -49,8 +49,18 @@ from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
-from horovod.core.controller.messages import R_DTYPE, R_GROUP, R_NAME, R_OP, R_POST, R_PRE, R_SHAPE, R_TYPE
-from horovod.core.engine.executors import summed
+from horovod.core.controller.messages import (
+    R_DEVICE,
+    R_DTYPE,
+    R_GROUP,
+    R_NAME,
+    R_OP,
+    R_POST,
+    R_PRE,
+    R_SHAPE,
+    R_TYPE,
+)
+from horovod.core.engine.layouts import summed
 from horovod.core.engine.state import EngineState
 
 if TYPE_CHECKING:
@@ -73,7 +83,7 @@ def supported() -> bool:
 
 def key_of(request: list, nbytes: int) -> Optional[bytes]:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast."""
-    if request[R_TYPE] != RequestType.ALLREDUCE or nbytes > FAST_SLOT_BYTES or request[R_GROUP]:
+    if request[R_TYPE] != RequestType.ALLREDUCE or nbytes > FAST_SLOT_BYTES or request[R_GROUP] or request[R_DEVICE]:
         return None
     if ReduceOp(request[R_OP]) not in _OPS:
         return None
