@@ -285,14 +285,19 @@ def test_horovod_run_returns_results_by_rank_and_surfaces_exceptions():
         print("RESULTS", hr.run(work, args=(10,), kwargs={"scale": 2}, np=2))
 
         def fails():
+            import time
             if os.environ["HOROVOD_RANK"] == "1":
                 raise KeyError("bad key on rank one")
+            time.sleep(60)                  # the failure must stop this rank, not wait for it
             return 0
 
+        import time
+        start = time.monotonic()
         try:
             hr.run(fails, num_proc=2)
         except RuntimeError as exc:
             print("ERROR", type(exc.__cause__).__name__, str(exc).replace(chr(10), " | "))
+        print("SECONDS", time.monotonic() - start)
         """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
                             env=clean_env(), stdin=subprocess.DEVNULL)
@@ -302,6 +307,11 @@ def test_horovod_run_returns_results_by_rank_and_surfaces_exceptions():
     assert error, result.stdout + result.stderr
     assert error[0].startswith("ERROR KeyError")
     assert "rank 1" in error[0] and "bad key on rank one" in error[0] and "Traceback" in error[0]
+    # upstream's sentence first (programs match on it), then ours
+    assert ("Horovod detected that one or more processes exited with non-zero status" in error[0]
+            and error[0].index("non-zero status") < error[0].index("bad key on rank one")), error[0]
+    seconds = float(result.stdout.split("SECONDS")[1].split()[0])
+    assert seconds < 30, f"horovod.run waited {seconds:.1f} s for the sleeping rank"
 
 
 def test_horovod_run_argument_errors():

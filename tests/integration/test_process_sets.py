@@ -79,6 +79,20 @@ def test_the_same_set_twice_in_init_is_upstreams_value_error():
                                        "a duplicate: ProcessSet("), res
 
 
+def test_duplicates_made_from_communicators_are_refused_where_visible_and_init_works_again():
+    require_mpi()
+    proc = run(3, "comm_duplicates", "mpirun")
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    got = results(proc, 3)
+    assert len(got) == 3, proc.stdout[-4000:]
+    for rank, res in got.items():
+        errors = res["errors"]
+        assert "is a duplicate" in errors["dup_of_global"] and "is a duplicate" in errors["dup_of_a_set"], res
+        # [0] equals rank 0's communicator set: a duplicate there only (ranks 1, 2 see the set [1, 2])
+        assert ("is a duplicate" in (errors["list_equal_to_a_comm_set"] or "")) == (rank == 0), res
+        assert res["sets"] == [[0], [0, 1], [0, 1, 2]], res
+
+
 def test_adding_a_set_without_dynamic_process_sets_says_how_to_allow_it():
     proc = run(2, "not_dynamic", env={"HOROVOD_DYNAMIC_PROCESS_SETS": ""})
     assert proc.returncode == 0, proc.stdout[-4000:]

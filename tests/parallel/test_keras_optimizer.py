@@ -215,3 +215,19 @@ def test_argument_errors_tell_what_to_do():
         hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=0)
     with pytest.raises(RuntimeError, match="BroadcastGlobalVariablesCallback"):
         hvd.broadcast_global_variables(0)
+
+
+def test_join_lets_ranks_with_uneven_data_train_to_their_own_end():
+    """Rank r applies 2 + r + 1 steps, then joins; a joined rank adds zeros to the others' averages (Average still
+    divides by the job's size), and join() returns the last rank to join everywhere."""
+    size, rank = hvd.size(), hvd.rank()
+    v = keras.Variable(np.zeros(3, np.float32))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate=1.0))
+    want = np.zeros(3, np.float32)
+    for step in range(2 + rank + 1):
+        apply_once(opt, [rank_grad((3,), rank)], [v])
+        want -= sum(rank_grad((3,), r) for r in range(size) if step < 2 + r + 1) / size
+        np.testing.assert_allclose(value(v), want, rtol=1e-6)       # the ranks that joined add zeros
+    assert hvd.join() == size - 1
+    last = hvd.allgather(np.array([size - 1], np.int64))
+    np.testing.assert_array_equal(value(last), [size - 1] * size)

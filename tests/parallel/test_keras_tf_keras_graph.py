@@ -94,3 +94,29 @@ def test_broadcast_global_variables_runs_in_the_session():
     tf.compat.v1.keras.backend.get_session().run(var.initializer)
     hvd.broadcast_global_variables(0)
     np.testing.assert_array_equal(K.get_value(var), np.zeros(3))
+
+
+def test_sync_batch_normalization_is_a_tf_keras_layer_whose_statistics_a_session_fetches():
+    """Upstream's TF1 test: hvd.SyncBatchNormalization (horovod.tensorflow's) under tf-keras, its moments over
+    every rank's samples, fetched with session.run; rank r holds r + 2 samples."""
+    import tf_keras
+
+    import horovod.tensorflow as hvd_tf
+
+    size, rank = hvd.size(), hvd.rank()
+    rng = np.random.RandomState(3)
+    counts = [r + 2 for r in range(size)]
+    data = rng.randn(sum(counts), 4).astype(np.float32) * 2 + 1
+    mine = data[sum(counts[:rank]):sum(counts[:rank + 1])]
+    layer = hvd_tf.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    assert isinstance(layer, tf_keras.layers.BatchNormalization)
+    out = layer(tf.constant(mine), training=True)
+    session = tf.compat.v1.keras.backend.get_session()
+    session.run(tf.compat.v1.variables_initializer(layer.variables))
+    normalized = session.run([out] + layer.updates)[0]       # a graph runs the moving averages' updates if asked
+    np.testing.assert_allclose(normalized, (mine - data.mean(axis=0)) / np.sqrt(data.var(axis=0) + 1e-3),
+                               rtol=1e-4, atol=1e-4)
+    moving_mean, moving_variance = session.run([layer.moving_mean, layer.moving_variance])
+    np.testing.assert_allclose(moving_mean, data.mean(axis=0), rtol=1e-5, atol=1e-5)
+    # momentum 0: the moving variance is the global batch's (biased, as tf_keras keeps it)
+    np.testing.assert_allclose(moving_variance, data.var(axis=0), rtol=1e-4, atol=1e-4)

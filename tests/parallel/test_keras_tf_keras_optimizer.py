@@ -164,6 +164,35 @@ def test_gradient_aggregation_of_a_v2_optimizer_in_fit():
     assert int(model.optimizer.iterations.numpy()) == 2
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_compute_gradients_returns_reduced_pairs_that_apply_gradients_does_not_reduce_again(kind):
+    """Upstream's ``_compute_gradients``: op=Sum shows a second reduction (it would multiply by the size)."""
+    var = tf.Variable(np.zeros(3, np.float32))
+    opt = hvd.DistributedOptimizer(sgd(kind, 1.0), op=hvd.Sum)
+    pairs = opt._compute_gradients(lambda: tf.reduce_sum(var * rank_grad((3,), hvd.rank())), [var],
+                                   tape=tf.GradientTape() if kind == "v2" else None)
+    total = mean_over_ranks((3,)) * hvd.size()
+    [(grad, v)] = pairs
+    assert v is var
+    np.testing.assert_allclose(grad.numpy(), total, rtol=1e-6)
+    opt.apply_gradients(pairs)
+    np.testing.assert_allclose(var.numpy(), -total, rtol=1e-6)
+
+
+def test_compute_gradients_with_aggregation_and_an_infinite_gradient():
+    """backward_passes_per_step=2, summed: the second pass applies the sum of both passes' averages; an infinite
+    gradient passes through unchanged."""
+    var, other = tf.Variable([0.0]), tf.Variable([0.0])
+    opt = hvd.DistributedOptimizer(AddGradient("add"), backward_passes_per_step=2, average_aggregated_gradients=False)
+    mean_rank = (hvd.size() - 1) / 2
+    for i in range(2):
+        pairs = opt._compute_gradients(lambda i=i: var * (hvd.rank() + i) + other * np.inf, [var, other])
+        opt.apply_gradients(pairs)
+    np.testing.assert_allclose(var.numpy(), [2 * mean_rank + 1], rtol=1e-6)
+    assert np.isinf(other.numpy()[0])
+    assert int(opt.iterations.numpy()) == 2
+
+
 @pytest.mark.parametrize("passes", [1, 2])
 def test_register_local_var_keeps_its_gradient_local(passes):
     shared, local = tf.Variable(np.zeros(3, np.float32)), tf.Variable(np.zeros(3, np.float32))

@@ -154,6 +154,16 @@ def test_alltoall_equal_and_with_splits(dtype):
     assert_close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("splits_dtype", ["float32", "int64"])
+def test_alltoall_splits_that_are_not_int32_are_refused_before_anything_is_sent(splits_dtype):
+    size = hvd.size()
+    splits = mx.nd.array([1] * size, dtype=splits_dtype)
+    with pytest.raises(ValueError, match="alltoall splits must be an int32 NDArray"):
+        hvd.alltoall(mx.nd.arange(0, size), splits=splits, name=f"a2a.bad.{splits_dtype}")
+    out, received = hvd.alltoall(mx.nd.arange(0, size), splits=splits.astype("int32"), name="a2a.after")
+    assert out.shape == (size,)                 # the job goes on: nothing was submitted for the refused call
+
+
 @pytest.mark.parametrize("dtype", REDUCE_DTYPES)
 def test_reducescatter_and_grouped(dtype):
     size, rank = hvd.size(), hvd.rank()
@@ -240,3 +250,11 @@ def test_object_helpers():
                                                                                 "payload": list(range(root + 1))}
     gathered = hvd.allgather_object(("r", rank), name="objs")
     assert gathered == [("r", r) for r in range(size)]
+
+
+def test_join_with_uneven_work_returns_the_last_rank_and_joined_ranks_add_zeros():
+    size, rank = hvd.size(), hvd.rank()
+    for step in range(1 + rank):
+        out = hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name=f"join.step.{step}")
+        np.testing.assert_array_equal(out.asnumpy(), [size - step] * 3)     # ranks below `step` have joined
+    assert hvd.join() == size - 1

@@ -222,6 +222,20 @@ def test_a_rank_outside_the_set_gets_invalid_argument_error(sets, mode):
         assert isinstance(info.value, tf.errors.InvalidArgumentError)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_set_that_is_not_registered_is_a_value_error_when_the_op_is_built(mode):
+    fake = hvd.ProcessSet(list(range(hvd.size())))
+    fake.process_set_id = 123                           # an id set by hand: upstream's tests do this
+    for fn in (lambda t: hvd.allreduce(t, process_set=fake),
+               lambda t: hvd.allgather(t, process_set=fake),
+               lambda t: hvd.broadcast(t, 0, process_set=fake),
+               lambda t: hvd.alltoall(t, process_set=fake),
+               lambda t: hvd.reducescatter(t, process_set=fake)):
+        with pytest.raises(ValueError, match="is not registered: this job has no process set with id 123") as info:
+            run(mode, fn, np.ones(2 * hvd.size()))
+        assert not isinstance(info.value, tf.errors.OpError)     # raised in Python, not from inside the graph
+
+
 # ---------------------------------------------------------------------------------------------- training
 def linear_loss(w, rank, salt=0):
     """loss_r = sum(w * x_r): the gradient of rank r is x_r."""

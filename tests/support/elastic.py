@@ -1,11 +1,15 @@
 """What the elastic tests share: a training function shape for the bindings' tests (tests/parallel/test_*_elastic.py)
-and, for the job tests (tests/integration/test_elastic*.py), the worker program and readers of its output."""
+and, for the job tests (tests/integration/test_elastic*.py), the worker programs and readers of their output, and
+for the TensorFlow 2 twin of upstream's tests (test_elastic_tf2.py) upstream's epoch-scheduled discovery script and
+a launcher whose driver polls it faster."""
 import json
 import re
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
 
@@ -98,3 +102,47 @@ def discovery_script(folder: Path, addresses: List[str]) -> Tuple[Path, Path]:
     script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     script.chmod(0o755)
     return hosts_file, script
+
+
+TF2_WORKER = str(Path(__file__).resolve().parents[1] / "integration" / "workers" / "elastic_tensorflow2_main.py")
+# ``python -m horovod.runner`` with the driver's discovery period (``DISCOVER_HOSTS_FREQUENCY_SECS``, 1 s, no knob)
+# set from the environment, as upstream's integration tests patch it (to 10 ms there).
+_POLLING_LAUNCHER = ("import os, horovod.runner.elastic.driver as driver; "
+                     "driver.DISCOVER_HOSTS_FREQUENCY_SECS = float(os.environ['TEST_DISCOVERY_SECS']); "
+                     "from horovod.runner.launch import run_commandline; run_commandline()")
+
+
+def horovodrun_polling(np: int, command: List[str], extra_args: List[str], env: Dict[str, str], timeout: float,
+                       discovery_secs: float = 0.1) -> subprocess.CompletedProcess:
+    """:func:`tests.support.launch.horovodrun` whose elastic driver polls the host discovery every
+    ``discovery_secs`` (upstream's tests poll every 10 ms: the script runs 100 times a second, which on a 2-core
+    machine made a job take three times as long)."""
+    from tests.support.launch import _job_env, _run_job
+
+    args = [sys.executable, "-c", _POLLING_LAUNCHER, "-np", str(np), *extra_args, *command]
+    return _run_job(args, _job_env({**env, "TEST_DISCOVERY_SECS": str(discovery_secs)}), timeout,
+                    f"{np}-rank elastic job", command)
+
+
+def schedule_discovery_script(folder: Path, logfile: Path, schedule: List[Tuple[Optional[int], List[str]]]) -> Path:
+    """Upstream's discovery script for a ``schedule`` of ``(epoch, hosts)`` pairs, the last one's epoch ``None``
+    (every later epoch): the epoch is the number of lines in ``logfile`` (the worker's rank 0 appends one per epoch
+    it finished)."""
+    lines = ["#!/bin/sh", "epoch=0", f"[ -f '{logfile}' ] && epoch=$(wc -l < '{logfile}' | tr -d '[:space:]')"]
+    for index, (epoch, hosts) in enumerate(schedule):
+        if epoch is not None:
+            lines.append(f'{"elif" if index else "if"} [ "$epoch" = "{epoch}" ]; then')
+        elif index:
+            lines.append("else")
+        lines += [f"  echo '{host}'" for host in hosts]
+    if len(schedule) > 1:
+        lines.append("fi")
+    script = folder / "discover.sh"
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o755)
+    return script
+
+
+def log_lines(logfile: Path) -> List[dict]:
+    """The worker's per-epoch JSON lines (``elastic_tensorflow2_main.py --logfile``); [] before the first."""
+    return [json.loads(line) for line in logfile.read_text().splitlines() if line.strip()] if logfile.exists() else []

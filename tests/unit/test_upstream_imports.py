@@ -42,6 +42,26 @@ def test_built_queries_answer_like_upstream():
     assert util.gpu_available("horovod.torch") is False
 
 
+def test_binding_level_helpers_and_basics_as_upstreams_tests_read_them():
+    """Upstream's bindings import check_extension, gpu_available and split_list, and its process-set tests read
+    ``hvd.mpi_ops._basics._get_process_set_ids_and_ranks()``; no GPU here, so gpu_available says False."""
+    torch_hvd = pytest.importorskip("horovod.torch")
+    from horovod.core import basics
+
+    assert torch_hvd.gpu_available("torch") is False and torch_hvd.split_list([1, 2, 3, 4], 2) == [[1, 2], [3, 4]]
+    assert torch_hvd.mpi_ops._basics is basics
+    assert callable(torch_hvd.mpi_ops._basics._get_process_set_ids_and_ranks)
+    torch_hvd.check_extension("horovod.torch", "HOROVOD_WITH_PYTORCH", __file__, "mpi_lib_v2")
+    if importlib.util.find_spec("mxnet") is None:          # MXNet lives in a venv of its own
+        with pytest.raises(ImportError, match=r'pip install \"horovod\[mxnet\]\"'):
+            util.check_extension("horovod.mxnet", "HOROVOD_WITH_MXNET", __file__)
+    tf_hvd = pytest.importorskip("horovod.tensorflow")
+    import horovod.tensorflow.keras as tf_keras_hvd
+
+    assert tf_hvd.gpu_available("tensorflow") is False
+    assert tf_hvd.mpi_ops._basics is basics and tf_keras_hvd.mpi_ops._basics is basics
+
+
 def test_cache_memoizes():
     calls = []
 

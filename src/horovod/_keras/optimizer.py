@@ -24,6 +24,7 @@ from typing import Any, Iterable, List, Optional, Set
 import keras
 
 from horovod._keras import backend_ops
+from horovod.common import config
 from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_groups, scale_factors
 from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.core.process_sets import ProcessSet, global_process_set
@@ -95,7 +96,9 @@ def _reduce_gradients(s: _Settings, grads: List[Any], variables: Optional[List[A
         else:
             out[i] = backend_ops.to_dense(g)
             dense.append(i)
-    if world == 1:        # as upstream's tf.cond(size > 1, ...): nothing to exchange
+    # As upstream's tf.cond(size > 1, ...): nothing to exchange. Not in an elastic job (as torch's optimizer): the
+    # train function of model.fit, traced at size 1, keeps its graph after the job grows.
+    if world == 1 and not config.get("HOROVOD_ELASTIC"):
         return out
     carrier = [backend_ops.presence_check([grads[i] for i in shared], None if variables is None else
                                           [variables[i] for i in shared], s.name, s.process_set, KERAS_REMEDY)]

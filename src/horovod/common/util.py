@@ -93,9 +93,22 @@ def extension_available(ext_base_name: str, verbose: bool = False) -> bool:
     return available
 
 
+def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args) -> None:
+    """Upstream's check that a compiled extension was built (ImportError naming ``ext_env_var`` otherwise). There
+    is nothing compiled here, so it checks that the binding's framework can be imported."""
+    if ext_name in _FRAMEWORKS and not extension_available(ext_name):
+        raise ImportError(f"Extension {ext_name} has not been built: {_FRAMEWORKS[ext_name]} is not installed. "
+                          f"Install it (pip install \"horovod[{_FRAMEWORKS[ext_name]}]\").")
+
+
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """False: GPU tensors are staged through host memory in this release (see docs/torch.md)."""
-    return False
+    """Whether ``ext_base_name``'s binding reduces GPU tensors on the GPU: ``torch`` when torch is loaded and sees
+    a GPU (the CUDA IPC plane, docs/gpu.md); False for the others, whose GPU tensors are staged through host memory."""
+    available = ext_base_name.split(".")[-1] == "torch" and build.cuda_built()
+    if verbose and not available:
+        log.info("Extension %s has no GPU data path here: its GPU tensors are staged through host memory.",
+                 ext_base_name)
+    return available
 
 
 def mpi_built(verbose: bool = False) -> bool:

@@ -299,21 +299,30 @@ def shutdown() -> None:
 # ------------------------------------------------------------------ process sets (see core/process_set_table.py)
 
 
-def engine_for(process_set: Optional[ProcessSet]) -> Engine:
-    """The engine that runs ``process_set``'s collectives on this rank (the global one for None or the global
-    set); ValueError when the set is not registered, or this rank is not one of its members."""
-    current = engine()
-    if process_set is None or process_set is global_process_set:
-        return current
+def registered_set(process_set: Optional[ProcessSet]):
+    """The registry's entry for ``process_set`` (None for the global set); ValueError, saying what to do, when it is
+    not registered (never, or no longer: an id set by hand, or a set removed with hvd.remove_process_set)."""
+    if process_set is None or process_set is global_process_set or process_set.process_set_id == 0:
+        return None
     set_id = process_set.process_set_id
-    if set_id == 0:
-        return current
     if set_id is None:
         raise ValueError(f"{process_set} is not registered: pass it to hvd.init(process_sets=[...]) or register it "
                          "with hvd.add_process_set() before using it in a collective.")
     registered = _state.sets.get(set_id)
     if registered is None:
-        raise ValueError(f"{process_set} was removed (hvd.remove_process_set); register it again to use it.")
+        raise ValueError(f"{process_set} is not registered: this job has no process set with id {set_id} (it was "
+                         "removed with hvd.remove_process_set, or the id was set by hand); register the set with "
+                         "hvd.add_process_set() to use it.")
+    return registered
+
+
+def engine_for(process_set: Optional[ProcessSet]) -> Engine:
+    """The engine that runs ``process_set``'s collectives on this rank (the global one for None or the global
+    set); ValueError when the set is not registered, or this rank is not one of its members."""
+    current = engine()
+    registered = registered_set(process_set)
+    if registered is None:
+        return current
     if registered.engine is None:
         raise ValueError(f"Rank {_state.topo.rank} is not in {registered.describe()}: only its members may run "
                          "collectives on it. Check process_set.included() before calling the collective.")

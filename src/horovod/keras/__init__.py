@@ -14,6 +14,7 @@ from horovod._keras import values as _values
 from horovod._keras.compression import Compression
 from horovod._keras.loading import load_model as _load_model
 from horovod.common.types import Average, ReduceOp
+from horovod.core import ops as _ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.keras import callbacks, elastic  # noqa: F401
@@ -61,6 +62,14 @@ def allreduce(value, name: Optional[str] = None, average: bool = True, prescale_
 allgather = _values.allgather
 broadcast = _values.broadcast
 reducescatter = _values.reducescatter
+
+
+def join(process_set: ProcessSet = global_process_set) -> int:
+    """Mark this rank as done with its data (beyond upstream, whose Keras bindings have no join); returns the last
+    rank (of ``process_set``) to join, a global rank, the same on every rank. Until every rank has joined, this
+    rank contributes zeros to the others' allreduces, so ranks with uneven data can train to their own end, as
+    with ``horovod.torch.join``."""
+    return int(_ops.join_async(process_set).wait())
 
 
 def load_model(filepath: str, custom_optimizers=None, custom_objects=None, compression=Compression.none,

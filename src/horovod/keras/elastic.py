@@ -25,7 +25,12 @@ __all__ = ["KerasState", "CommitStateCallback", "UpdateBatchStateCallback", "Upd
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate ``func(state, ...)`` to keep training as workers come and go: after a failed collective the last
-    commit is restored, the job re-formed (``shutdown()``, ``init()``) and the state synced from rank 0."""
+    commit is restored, the job re-formed (``shutdown()``, ``init()``) and the state synced from rank 0. On
+    TensorFlow, the error of a failed collective inside ``model.fit``'s graph counts as one too."""
+    if keras.backend.backend() == "tensorflow":
+        from horovod.tensorflow.elastic import graph_errors_as_internal
+
+        func = graph_errors_as_internal(func)
     return run_fn(func, _reset)
 
 

@@ -23,7 +23,7 @@ from horovod.mxnet.errors import mxnet_errors
 
 __all__ = api.__all__ + [
     "allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
-    "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter",
+    "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join",
 ]
 
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
@@ -161,6 +161,9 @@ def alltoall(tensor: mx.nd.NDArray, splits=None, name: Optional[str] = None, pri
     with mxnet_errors():
         _t.check_ndarray(tensor, _t.MOVE_DTYPES, "alltoall")
         if isinstance(splits, mx.nd.NDArray):
+            if np.dtype(splits.dtype) != np.int32:       # upstream's kernel takes int32 splits only
+                raise ValueError(f"alltoall splits must be an int32 NDArray, not {np.dtype(splits.dtype).name}; "
+                                 "cast them with splits.astype('int32').")
             splits = splits.asnumpy()
         made: List[Optional[mx.nd.NDArray]] = []
         _, received = ops.alltoall_async(_t.numpy_view(_t.readable(tensor)), splits,
@@ -198,3 +201,12 @@ def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp = Average, name: Optional[
                                 prescale_factor, postscale_factor, _t.ndarray_allocator(tensor.dtype, made),
                                 process_set=process_set).wait()
     return _t.like(made[0], tensor)
+
+
+# ------------------------------------------------------------------ join
+def join(process_set: ProcessSet = global_process_set) -> int:
+    """Mark this rank as done with its data (beyond upstream, whose MXNet binding has no join); returns the last
+    rank (of ``process_set``) to join, a global rank, the same on every rank. Until every rank has joined, this
+    rank contributes zeros to the others' allreduces (and so to ``DistributedTrainer``'s gradients)."""
+    with mxnet_errors():
+        return int(ops.join_async(process_set).wait())

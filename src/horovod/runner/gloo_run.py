@@ -6,11 +6,12 @@ them all under :func:`horovod.runner.process.run_workers` (output prefixing, fai
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
 import shlex
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from horovod.common.elastic_rendezvous import WORKER_ID_ENV as ELASTIC_WORKER_ENV
 from horovod.common.wire import SECRET_ENV
@@ -134,6 +135,23 @@ def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, st
     with monitor.serving(settings, rendezvous.store, monitor.static_view([s.hostname for s in sorted(plan, key=lambda s: s.rank)])):
         run_workers(specs, output_dir=settings.output_filename,
                     prefix_timestamp=settings.prefix_output_with_timestamp)
+
+
+def gloo_run(settings: Settings, nics: Optional[Iterable[str]], env: Mapping[str, str], server_ip: str,
+             command: Union[str, Sequence[str]]) -> None:
+    """Upstream's entry point: run ``command`` (a list, or a shell-style string) on every slot of ``settings``
+    with a rendezvous of its own, which the ranks reach at ``server_ip``; ``nics`` (when given) replace
+    ``settings.nics``. Raises as :func:`launch_gloo` does; the rendezvous is stopped in any case."""
+    if nics:
+        settings = dataclasses.replace(settings, nics=sorted(nics) if isinstance(nics, (set, frozenset))
+                                       else list(nics))
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    rendezvous = RendezvousServer(settings.verbose)
+    rendezvous.start()
+    try:
+        launch_gloo(argv, settings, env, rendezvous, server_ip)
+    finally:
+        rendezvous.stop()
 
 
 def _get_min_start_hosts(settings: Settings) -> int:

@@ -17,11 +17,13 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, List, Optional, Sequence, Set
+from typing import Any, Callable, List, Optional, Sequence, Set
 
-from . import flight_folder
+from horovod.common.build import gloo_built, mpi_built
+
+from . import flight_folder, ssh
 from .common.util import arguments, config_parser, hosts
-from .util import lsf, slurm
+from .util import lsf, slurm, threads
 
 log = logging.getLogger("horovod.runner")
 
@@ -146,6 +148,62 @@ def _run(args: Any) -> Optional[List[Any]]:
     return _run_static(args)
 
 
+def _check_all_hosts_ssh_successful(host_addresses: Sequence[str], ssh_port: Optional[int] = None,
+                                    ssh_identity_file: Optional[str] = None) -> Optional[bool]:
+    """Upstream's check: True when ssh reaches every host (up to 5 tries each, in parallel), else None after
+    logging each failed host's error (None rather than False, as upstream, so that a cache keeps no failure)."""
+    hosts_list = list(host_addresses)
+    errors = threads.execute_function_multithreaded(
+        lambda host: ssh.check_ssh(host, ssh_port, ssh_identity_file), [[host] for host in hosts_list])
+    for index, error in sorted(errors.items()):
+        if error is not None:
+            log.error("ssh not successful for host %s:\n%s", hosts_list[index], error)
+    return None if any(error is not None for error in errors.values()) else True
+
+
+def is_jsrun_installed() -> bool:
+    """True when ``jsrun`` is on ``PATH`` (:func:`horovod.runner.js_run.is_jsrun_installed`)."""
+    from .js_run import is_jsrun_installed as installed
+
+    return installed()
+
+
+def run_controller(use_gloo: Optional[bool], gloo_run: Callable[[], Any], use_mpi: Optional[bool],
+                   mpi_run: Callable[[], Any], use_jsrun: Optional[bool], js_run: Callable[[], Any],
+                   verbosity: Optional[int]) -> None:
+    """Call the launcher that upstream's rules pick: the one asked for (ValueError when MPI is asked for but
+    mpi4py is missing, or jsrun outside an LSF job); with none asked for, jsrun inside LSF where it is
+    installed, else MPI when mpi4py is installed, else Gloo (the built-in controller). ``horovodrun`` itself
+    uses the built-in controller unless ``--mpi`` or ``--jsrun`` is given; this is upstream's function for code
+    that calls it. ``verbosity`` is accepted for upstream's signature."""
+    mpi_missing = ("MPI support has not been built.  If this is not expected, install it with "
+                   "`pip install horovod[mpi]` (mpi4py and Open MPI).")
+    if use_gloo:
+        if not gloo_built():
+            raise ValueError("Gloo support has not been built.")
+        gloo_run()
+    elif use_mpi or use_jsrun:
+        if not mpi_built():
+            raise ValueError(mpi_missing)
+        if not use_jsrun:
+            mpi_run()
+        elif not lsf.LSFUtils.using_lsf():
+            raise ValueError("Horovod did not detect an LSF job.  The jsrun launcher can only be used in that "
+                             "environment. Please, pick a different launcher for other environments.")
+        else:
+            js_run()
+    elif mpi_built():
+        if lsf.LSFUtils.using_lsf() and is_jsrun_installed():
+            js_run()
+        else:
+            mpi_run()
+    elif gloo_built():
+        gloo_run()
+    else:
+        raise ValueError("Neither MPI nor Gloo support has been built. Try reinstalling Horovod ensuring that "
+                         "either MPI is installed (MPI) or CMake is installed (Gloo).")
+
+
 def _apply_lsf_defaults(args: Any) -> None:
     """Inside LSF, ``-np`` and the hosts default to the job's allocation (upstream's ``_run``)."""
     if not getattr(args, "np", None):
@@ -261,15 +319,17 @@ def _publish_function(args: Any, env: dict, rendezvous: Any) -> List[str]:
     return [args.executable or sys.executable, "-m", "horovod.runner.run_task"]
 
 
-def _run_function(launch, rendezvous: Any, num_results: int) -> List[Any]:
-    """Run ``launch()`` and return the ranks' results; a rank's exception is raised as its RankFunctionError."""
+def _run_function(launch, rendezvous: Any, num_results: int, mpi: bool = False) -> List[Any]:
+    """Run ``launch()`` and return the ranks' results; a rank's exception is raised as its RankFunctionError,
+    whose message starts with the launcher's report in upstream's words (``mpi``: "mpirun failed ...")."""
     from . import run_func
     from .process import JobFailedError
 
     try:
         launch()
     except JobFailedError as exc:
-        error = run_func.failure_for_rank(rendezvous.store, exc.failure.rank, exc.failure.hostname)
+        headline = f"mpirun failed with exit code {exc.exit_code}" if mpi else str(exc)
+        error = run_func.failure_for_rank(rendezvous.store, exc.failure.rank, exc.failure.hostname, headline)
         if error is not None:
             raise error from error.__cause__
         raise
@@ -397,7 +457,8 @@ def _run_static(args: Any) -> Optional[List[Any]]:
 
         command = _publish_function(args, env, rendezvous) + [rendezvous_addr, str(rendezvous.port)]
         if use_mpi:
-            return _run_function(lambda: _launch_run_func_mpi(settings, env, command, rendezvous), rendezvous, np)
+            return _run_function(lambda: _launch_run_func_mpi(settings, env, command, rendezvous), rendezvous, np,
+                                 mpi=True)
         return _run_function(lambda: gloo_run.launch_gloo(command, settings, env, rendezvous, rendezvous_addr),
                              rendezvous, np)
     finally:
@@ -434,12 +495,12 @@ def _launch_jsrun(args: Any, settings: Any, env: dict, command: List[str],
         rendezvous.stop()
 
 
-def _raise_stored_failure(rendezvous: Any, num_proc: int) -> None:
+def _raise_stored_failure(rendezvous: Any, num_proc: int, headline: str = "") -> None:
     """The launcher named no rank: raise the exception of the first rank that stored one, if any did."""
     from . import run_func
 
     for rank in range(num_proc):
-        error = run_func.failure_for_rank(rendezvous.store, rank, None)
+        error = run_func.failure_for_rank(rendezvous.store, rank, None, headline)
         if error is not None:
             raise error from error.__cause__
 
@@ -459,8 +520,8 @@ def _launch_run_func_mpi(settings: Any, env: dict, command: List[str], rendezvou
     env[SECRET_ENV] = rendezvous.secret
     try:
         mpi_run.mpi_run(settings, settings.nics, env, command, export_secret=True, stdin=subprocess.DEVNULL)
-    except mpi_run.MpirunError:
-        _raise_stored_failure(rendezvous, settings.num_proc)
+    except mpi_run.MpirunError as exc:
+        _raise_stored_failure(rendezvous, settings.num_proc, f"mpirun failed with exit code {exc.exit_code}")
         raise
 
 

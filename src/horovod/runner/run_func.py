@@ -59,20 +59,25 @@ def decode(payload: bytes) -> dict:
 
 
 class RankFunctionError(RuntimeError):
-    """The function passed to ``horovod.run`` raised on a rank; the message carries the rank's traceback."""
+    """The function passed to ``horovod.run`` raised on a rank; the message carries the rank's traceback.
 
-    def __init__(self, rank: int, hostname: Optional[str], record: dict) -> None:
+    ``headline``, when the launcher stopped the job for it, is the launcher's own report first (upstream's words:
+    "Horovod detected that one or more processes exited with non-zero status ...", or "mpirun failed with exit
+    code N" under MPI), which programs and tests match on."""
+
+    def __init__(self, rank: int, hostname: Optional[str], record: dict, headline: str = "") -> None:
         self.rank = rank
         self.hostname = hostname
         self.remote_traceback = record.get("traceback", "")
         where = f"rank {rank}" + (f" (host {hostname})" if hostname else "")
         super().__init__(
-            f"horovod.run: the function raised {record.get('repr', 'an exception')} on {where}.\n"
+            (f"{headline.rstrip()}\n" if headline else "")
+            + f"horovod.run: the function raised {record.get('repr', 'an exception')} on {where}.\n"
             f"Traceback from {where}:\n{self.remote_traceback.rstrip()}"
         )
 
 
-def failure_for_rank(store, rank: int, hostname: Optional[str]) -> Optional[RankFunctionError]:
+def failure_for_rank(store, rank: int, hostname: Optional[str], headline: str = "") -> Optional[RankFunctionError]:
     """The RankFunctionError for ``rank`` if it reported an exception, else None."""
     payload = store.get(RESULT_SCOPE, str(rank))
     if payload is None:
@@ -80,7 +85,7 @@ def failure_for_rank(store, rank: int, hostname: Optional[str]) -> Optional[Rank
     record = decode(payload)
     if record["ok"]:
         return None
-    error = RankFunctionError(rank, hostname, record)
+    error = RankFunctionError(rank, hostname, record, headline)
     error.__cause__ = record.get("exception")
     return error
 

@@ -13,6 +13,8 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from horovod.common import config
+from horovod.common.util import check_extension, gpu_available, split_list  # noqa: F401  (as upstream's)
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import errors
@@ -73,6 +75,14 @@ def _check_sparse(op, prescale_factor, postscale_factor) -> None:
         ))
 
 
+def _set_size_as(process_set: ProcessSet, dtype) -> tf.Tensor:
+    """The set's size as a ``dtype`` scalar, to average by. In a graph of an elastic job it is read when the graph
+    runs (upstream's ``size_op`` rule): a traced tf.function outlives a change of the job's size."""
+    if config.get("HOROVOD_ELASTIC") and not tf.executing_eagerly():
+        return tf.cast(size_op(process_set.process_set_id or 0), dtype)
+    return tf.cast(_set_size(process_set), dtype)
+
+
 def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_factor, name, process_set,
                       ignore_name_scope) -> tf.IndexedSlices:
     """Upstream's rule for tf.IndexedSlices: allgather values and indices (Average divides the values)."""
@@ -82,7 +92,7 @@ def _sparse_allreduce(tensor: tf.IndexedSlices, op, prescale_factor, postscale_f
     indices = allgather(tensor.indices, name=f"{name}.indices" if name else None,
                         ignore_name_scope=ignore_name_scope, process_set=process_set)
     if op == Average:
-        values = values / tf.cast(_set_size(process_set), values.dtype)
+        values = values / _set_size_as(process_set, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
 
 
@@ -95,7 +105,7 @@ def _grouped_sparse_allreduce(slices: List[tf.IndexedSlices], op, prescale_facto
     indices = grouped_allgather([t.indices for t in slices], name=f"{name}.indices" if name else None,
                                 ignore_name_scope=ignore_name_scope, process_set=process_set)
     if op == Average:
-        values = [v / tf.cast(_set_size(process_set), v.dtype) for v in values]
+        values = [v / _set_size_as(process_set, v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=t.dense_shape) for v, i, t in zip(values, indices, slices)]
 
 

@@ -3,6 +3,8 @@
 variables); ``ObjectState`` is re-exported. See :mod:`horovod.common.elastic` for the loop and the protocol."""
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, Callable, List, Optional
 
 import tensorflow as tf
@@ -14,24 +16,34 @@ from horovod.tensorflow.functions import broadcast_object, broadcast_object_fn, 
 from horovod.tensorflow.util import _executing_eagerly
 
 __all__ = ["TensorFlowKerasState", "TensorFlowState", "ObjectState", "run"]
-_COLLECTIVE_NODES = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast", "HorovodCollective")
+# Any of Horovod's graph nodes (HorovodAllreduce, HorovodGroupedAllreduce of DistributedGradientTape and the Keras
+# optimizers, HorovodAllgather, HorovodBroadcast, HorovodJoin...): a fixed list of names missed the grouped
+# allreduce, so a lost peer ended every survivor instead of re-forming the job.
+_COLLECTIVE_NODE = re.compile(r"\bHorovod[A-Z]\w*")
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate ``func(state, ...)`` to keep training as workers come and go. A TensorFlow error raised by one of
     Horovod's graph nodes counts as a failed collective (``HorovodInternalError``): restore, re-form, sync."""
+    return run_fn(graph_errors_as_internal(func), _reset)
 
-    def wrapper(state, *args, **kwargs):
+
+def graph_errors_as_internal(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func``, raising ``HorovodInternalError`` for the ``tf.errors.UnknownError`` of a failed Horovod graph node
+    (a ``tf.function``, Keras' train function), as it does eagerly; ``horovod.keras``' run uses it on TensorFlow."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
         try:
-            return func(state, *args, **kwargs)
+            return func(*args, **kwargs)
         except tf.errors.UnknownError as exc:
             # Eagerly the error already is a HorovodInternalError (horovod.tensorflow.errors); from a graph, TF
             # rebuilds it from the node's status, and only the node's name says it was Horovod's (upstream's rule).
-            if not isinstance(exc, HorovodInternalError) and any(n in str(exc) for n in _COLLECTIVE_NODES):
+            if not isinstance(exc, HorovodInternalError) and _COLLECTIVE_NODE.search(str(exc)):
                 raise HorovodInternalError(str(exc)) from exc
             raise
 
-    return run_fn(wrapper, _reset)
+    return wrapper
 
 
 def _reset() -> None:

@@ -13,6 +13,7 @@ from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
+from horovod.common import config
 from horovod.common.gradient_groups import allreduce_in_groups, check_groups, scale_factors
 from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.core.process_sets import ProcessSet, global_process_set
@@ -48,8 +49,9 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         # As upstream's _allreduce_cond: nothing to exchange in a set of one rank, and a rank outside the set
-        # keeps its own gradients.
-        if _set_size(process_set) == 1 or not process_set.included():
+        # keeps its own gradients. Not in an elastic job (as torch's optimizer): a tf.function traced at size 1
+        # keeps its graph after the job grows, and would never allreduce again.
+        if not process_set.included() or (_set_size(process_set) == 1 and not config.get("HOROVOD_ELASTIC")):
             return grads
         # In a graph, a graph-unique prefix (the same on every rank that builds the same graph) keeps two
         # optimizers of one graph from submitting the same tensor names at once.

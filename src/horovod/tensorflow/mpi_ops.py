@@ -46,6 +46,9 @@ except ImportError:  # pragma: no cover - older or newer TF without the private 
         return True
 
 handle_average_backwards_compatibility = get_average_backwards_compatibility_fun(_types)
+# Upstream's ``_HorovodBasics`` instance of the loaded extension: its private helpers
+# (``_get_process_set_ids_and_ranks``, ``_process_set_size`` ...) are the op layer's basics here.
+_basics = basics
 
 # The collectives build ops and have no data-dependent Python control flow: autograph (a tf.function tracing the
 # caller) calls them as they are, instead of converting them and everything they call, at every trace. It also
@@ -90,7 +93,10 @@ def _read(variable) -> tf.Tensor:
 
 def _name(op: str, name: Optional[str], ignore_name_scope: bool = False,
           process_set: Optional[ProcessSet] = None) -> str:
-    """The negotiated tensor name (see the module docstring)."""
+    """The negotiated tensor name (see the module docstring). Every collective asks for it when it is built, so a
+    process set that is not registered is refused here, in Python, with upstream's ValueError (not from inside the
+    graph at run time)."""
+    basics.registered_set(process_set)
     if name:
         scope = "" if ignore_name_scope else tf.get_current_name_scope()
         return f"{op}.{scope}/{name}" if scope else f"{op}.{name}"

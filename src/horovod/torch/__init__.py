@@ -1,10 +1,11 @@
 """``import horovod.torch as hvd``: Horovod's PyTorch API on this project's engine.
 
 Every name upstream's ``horovod.torch`` exports is here with the same signature. CPU tensors are exchanged
-zero-copy; CUDA tensors are staged through host memory.
+zero-copy; CUDA tensors of a job on one host go GPU to GPU through CUDA IPC (docs/gpu.md).
 """
 from __future__ import annotations
 
+from horovod.common.util import check_extension, gpu_available, split_list  # noqa: F401  (as upstream's)
 from horovod.torch import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler, as upstream)
 from horovod.torch.compression import Compression  # noqa: F401
 from horovod.torch.functions import (  # noqa: F401

@@ -1,9 +1,9 @@
 """``horovod.torch`` collectives on torch tensors, with upstream's names, signatures and autograd rules.
 
 CPU tensors are exchanged zero-copy: the op layer works on ``tensor.numpy()`` views of the tensors' own memory
-(bfloat16 through an int16 view, since numpy has no native bfloat16). CUDA tensors are staged through host
-memory. Every collective is asynchronous underneath: ``*_async`` returns an integer handle for ``poll`` and
-``synchronize``; the plain forms wait.
+(bfloat16 through an int16 view, since numpy has no native bfloat16). CUDA tensors of a job on one host go GPU
+to GPU through CUDA IPC (docs/gpu.md), others are staged through host memory. Every collective is asynchronous
+underneath: ``*_async`` returns an integer handle for ``poll`` and ``synchronize``; the plain forms wait.
 
 This module is the import path upstream's programs use; the work is in ``horovod.torch.tensors`` (tensors to
 numpy and back), ``horovod.torch.handles`` (the integer handles), ``horovod.torch.async_ops`` (the asynchronous
@@ -33,6 +33,10 @@ from horovod.torch.autograd_ops import (  # noqa: F401  (the autograd Functions,
 )
 from horovod.torch.compression import Compression  # noqa: F401  (re-exported)
 from horovod.torch.handles import handle_map, poll, synchronize
+
+# Upstream's ``_HorovodBasics`` instance of the loaded extension: its private helpers
+# (``_get_process_set_ids_and_ranks``, ``_process_set_size`` ...) are the op layer's basics here.
+_basics = basics
 
 # What ``from horovod.torch.mpi_ops import *`` (and so ``horovod.torch``) exports: the op layer's names (with
 # this module's ``init``, ``shutdown`` and timeline functions) and the collectives.

@@ -62,6 +62,25 @@ elif scenario == "duplicate":
         hvd.init(process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([0])])
     except ValueError as exc:
         result(rank=hvd.rank(), error=str(exc))
+elif scenario == "comm_duplicates":          # under MPI: duplicates made from communicators, then a valid init
+    from mpi4py import MPI
+
+    from horovod.core import basics as core_basics
+
+    comm = MPI.COMM_WORLD
+    sub = comm.Split(color=0 if comm.rank == 0 else 1)
+    errors = {}
+    for label, sets in [("dup_of_global", [hvd.ProcessSet(comm.Dup())]),
+                        ("dup_of_a_set", [hvd.ProcessSet(sub), hvd.ProcessSet(sub.Dup())]),
+                        ("list_equal_to_a_comm_set", [hvd.ProcessSet(sub), hvd.ProcessSet([0])])]:
+        try:
+            hvd.init(comm=comm, process_sets=sets)
+            errors[label] = None
+        except ValueError as exc:
+            errors[label] = str(exc)
+        hvd.shutdown()
+    hvd.init(comm=comm, process_sets=[hvd.ProcessSet([0]), hvd.ProcessSet([0, 1])])
+    result(errors=errors, sets=sorted(map(sorted, core_basics._get_process_set_ids_and_ranks().values())))
 elif scenario == "not_dynamic":
     hvd.init()
     try:

@@ -6,8 +6,9 @@ from its config, named like it, in the module ``horovod._keras`` (a saved model 
 wraps it again, plain tf_keras loads tf_keras's ``SGD``).
 
 Where the gradients are reduced: in ``apply_gradients``, which ``minimize`` (so ``model.fit``) and custom loops
-both call, and in ``get_gradients``, which graph-mode (TF1) Keras calls before ``apply_gradients``; gradients that
-``get_gradients`` already reduced are not reduced again. Upstream reduced in ``compute_gradients`` and
+both call; in ``get_gradients``, which graph-mode (TF1) Keras calls before ``apply_gradients``; and in upstream's
+``_compute_gradients``, which legacy optimizers' ``minimize`` and upstream's programs call. Gradients that one of
+the latter two already reduced are not reduced again. Upstream reduced in ``compute_gradients`` and
 ``get_gradients`` only, so a custom loop's ``apply_gradients`` of plain ``tape.gradient`` results was not
 averaged there; here it is, as in the Keras 3 binding.
 
@@ -113,6 +114,12 @@ class _State:
         session().run(tf.compat.v1.variables_initializer(made))
         self.helper_initialized = True
 
+    def reduce_once(self, grads: Sequence[Any], variables: Sequence[Any]) -> List[Any]:
+        """:meth:`reduce`, remembering the result so that ``apply_gradients`` of it does not reduce it again."""
+        reduced = self.reduce(grads, variables)
+        self.reduced = {id(g): g for g in reduced if g is not None}
+        return reduced
+
     def already_reduced(self, grads: Sequence[Any]) -> bool:
         present = [g for g in grads if g is not None]
         return bool(present) and all(self.reduced.get(id(g)) is g for g in present)
@@ -135,9 +142,21 @@ def _distributed_class(base: type, settings: _Settings) -> type:
         def get_gradients(self, loss, params):
             """Graph-mode Keras' gradients, reduced across ranks (as upstream)."""
             grads = super().get_gradients(loss, params)
-            reduced = self._hvd.reduce(grads, tf.nest.flatten(params))
-            self._hvd.reduced = {id(g): g for g in reduced if g is not None}
-            return reduced
+            return self._hvd.reduce_once(grads, tf.nest.flatten(params))
+
+        def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+            """Upstream's hook: the ``(gradient, variable)`` pairs of ``loss``, reduced across ranks (with
+            ``backward_passes_per_step``, this pass's share, as the helper gives it); ``apply_gradients`` of
+            these pairs does not reduce them again."""
+            if hasattr(base, "_compute_gradients"):        # legacy optimizers (OptimizerV2)
+                pairs = super()._compute_gradients(loss, var_list, grad_loss, tape=tape)
+            else:                                          # tf_keras's v2 optimizers take no grad_loss
+                if grad_loss is not None:
+                    raise ValueError("grad_loss needs a legacy tf_keras optimizer (tf.keras.optimizers.legacy.*).")
+                pairs = super().compute_gradients(loss, var_list, tape=tape)
+            pairs = list(pairs)
+            variables = [v for _, v in pairs]
+            return list(zip(self._hvd.reduce_once([g for g, _ in pairs], variables), variables))
 
         def apply_gradients(self, grads_and_vars, *args, **kwargs):
             pairs = list(grads_and_vars)

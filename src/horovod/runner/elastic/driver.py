@@ -41,8 +41,9 @@ from horovod.common.elastic_rendezvous import (
     mark_stopping,
     notice_count,
     publish_notice,
+    slot_key,
 )
-from horovod.runner.common.util.hosts import SlotInfo
+from horovod.runner.common.util.hosts import INVALID_SLOT_INFO, SlotInfo
 from horovod.runner.process import (
     JobFailedError,
     JobInterruptedError,
@@ -84,8 +85,11 @@ class ElasticDriver:
     def __init__(self, rendezvous, discovery: HostDiscovery, min_num_proc: int, max_num_proc: Optional[int] = None,
                  timeout: Optional[float] = None, reset_limit: Optional[int] = None,
                  cooldown_range: Optional[Tuple[int, int]] = None, verbose: int = 0) -> None:
+        if not getattr(rendezvous, "started", True):     # upstream makes the driver before it starts the server
+            rendezvous.start()
         self._store = rendezvous.store
         self._host_manager = HostManager(discovery, cooldown_range)
+        self._cooldown_range = cooldown_range
         self._hosts_lock = threading.Lock()
         self._registry = WorkerStateRegistry(self._host_manager, reset_limit)
         self._min_np = min_num_proc
@@ -136,6 +140,12 @@ class ElasticDriver:
         for info in sorted(self._assignment.values(), key=lambda s: s.rank):
             by_host.setdefault(info.hostname, []).append(info)
         return by_host
+
+    def get_slot_info(self, host: str, slot: int) -> SlotInfo:
+        """The current round's place (rank, size, ...) of slot ``slot`` of ``host``, or ``INVALID_SLOT_INFO`` when
+        that slot takes no part in it (upstream's query; a worker learns its own place from its request for a
+        round)."""
+        return self._assignment.get(slot_key(host, slot), INVALID_SLOT_INFO)
 
     def monitor_view(self) -> dict:
         """The job's layout for the live page (``horovod.runner.monitor``), from any thread: the current round's
@@ -196,11 +206,23 @@ class ElasticDriver:
                     "Timed out waiting for minimum number of slots to become available. Please check that you "
                     f"have enough resources to run at least {min_num_proc} Horovod processes. Waited "
                     f"{self._timeout:.0f} s (--elastic-timeout, HOROVOD_ELASTIC_TIMEOUT) with {slots} usable slots "
-                    f"on {hosts} hosts ({current}); check what the host discovery reports, or lower --min-np.")
+                    f"on {hosts} hosts ({current}){self._blacklisted_note(current)}; check what the host discovery "
+                    "reports, or lower --min-np.")
             if not announced:
-                log.info("waiting for %d slots on %d host(s): %d available now", min_num_proc, min_hosts, slots)
+                log.info("waiting for %d slots on %d host(s): %d available now%s", min_num_proc, min_hosts, slots,
+                         self._blacklisted_note(current))
                 announced = True
             time.sleep(0.1)
+
+    def _blacklisted_note(self, current: DiscoveredHosts) -> str:
+        """Which hosts the discovery lists but the job may not use (blacklisted after a worker failed there), and
+        for how long; "" when none."""
+        out = [host for host in current.host_slots if host not in current.available_hosts]
+        if not out:
+            return ""
+        until = ("until its cooldown ends (--blacklist-cooldown-range)" if self._cooldown_range else
+                 "for the rest of the job (without --blacklist-cooldown-range a blacklisted host never comes back)")
+        return f"; blacklisted after a worker failed there, {until}: {', '.join(out)}"
 
     # ------------------------------------------------------------------ discovery
 

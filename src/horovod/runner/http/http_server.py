@@ -1,5 +1,9 @@
-"""Upstream's server names, backed by the authenticated KV store (``horovod.common.kvstore``)."""
-from horovod.common.kvstore import KVStoreServer
-from horovod.runner.rendezvous import RendezvousServer
+"""Upstream's server names, backed by the authenticated KV store (``horovod.common.kvstore``).
 
-__all__ = ["KVStoreServer", "RendezvousServer"]
+``KVStoreHandler`` / ``RendezvousHandler`` are the hook through which the store answers gets and puts
+(:mod:`horovod.runner.rendezvous`); there is no HTTP server of upstream's kind behind them.
+"""
+from horovod.common.kvstore import KVStoreServer
+from horovod.runner.rendezvous import KVStoreHandler, RendezvousHandler, RendezvousServer
+
+__all__ = ["KVStoreHandler", "KVStoreServer", "RendezvousHandler", "RendezvousServer"]

@@ -13,11 +13,17 @@ from horovod.runner.common.util.network import filter_local_addresses as _remote
 from horovod.runner.common.util.network import nic_ipv4
 
 
-def get_local_host_addresses() -> Set[str]:
-    """The IPv4 addresses of this machine's interfaces."""
+def _get_local_host_addresses() -> Set[str]:
+    """The IPv4 addresses of this machine's interfaces (what :func:`get_local_host_addresses` returns; the name
+    upstream's tests import and patch)."""
     import psutil
 
     return {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+
+
+def get_local_host_addresses() -> Set[str]:
+    """The IPv4 addresses of this machine's interfaces."""
+    return _get_local_host_addresses()
 
 
 def get_local_intfs(nic: Optional[str] = None) -> Set[str]:

@@ -2,9 +2,10 @@
 ``horovod.spark.lightning.remote``).
 
 Each rank reads its shard of the Parquet data (as the torch estimator does) and runs a real Lightning
-``Trainer`` on it with ``HorovodStrategy`` (``strategy.py``), so the module's own ``configure_optimizers``,
-``training_step``, ``validation_step``, hooks and ``self.log`` work unchanged. A batch is a dict of tensors by
-column name (``batch["features"]``, ``batch["label"]``), as upstream's; features are float32, reshaped by
+``Trainer`` on it with ``horovod.lightning.HorovodStrategy``, so the module's own ``configure_optimizers``,
+``training_step``, ``validation_step``, hooks and ``self.log`` work unchanged; the strategy keeps the learning
+rates the module set (``scale_lr=False``), as this estimator always has. A batch is a dict of tensors by column
+name (``batch["features"]``, ``batch["label"]``), as upstream's; features are float32, reshaped by
 ``input_shapes`` when given. Every rank runs the same number of steps per epoch. ``StoreCheckpoint`` records
 the history (each epoch's mean training and validation loss and the values the module logged, averaged over
 the ranks) and has rank 0 write Lightning's checkpoint to the store after every epoch. Rank 0 returns the
@@ -24,7 +25,6 @@ import numpy as np
 
 from horovod.spark.common.reader import batches, read_splits
 from horovod.spark.common.spec import TrainingSpec
-from horovod.spark.lightning.strategy import strategy_class
 
 log = logging.getLogger(__name__)
 # Lightning's warnings that do not apply here: the loaders give in-memory batches in this process, and
@@ -199,6 +199,7 @@ def train(spec: LightningTrainSpec) -> Optional[dict]:
     import torch
 
     import horovod.torch as hvd
+    from horovod.lightning.strategy import strategy_class
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -215,7 +216,7 @@ def train(spec: LightningTrainSpec) -> Optional[dict]:
                   if val_arrays is not None else None)
     history = _store_checkpoint_class(pl, spec, hvd)()
     strategy = strategy_class(pl)(compression=spec.compression,
-                                  backward_passes_per_step=spec.backward_passes_per_step)
+                                  backward_passes_per_step=spec.backward_passes_per_step, scale_lr=False)
     with tempfile.TemporaryDirectory(prefix="hvd-lightning-") as root, warnings.catch_warnings():
         for message in _EXPECTED_WARNINGS:
             warnings.filterwarnings("ignore", message=message)

@@ -20,9 +20,11 @@ from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compre
     broadcast,
     broadcast_global_variables,
     broadcast_variables,
+    join,
     load_model,
     reducescatter,
 )
+from horovod.tensorflow import mpi_ops  # noqa: F401  (hvd.mpi_ops, as upstream's tests read it)
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.keras import callbacks, elastic  # noqa: F401
 

@@ -1,0 +1,1 @@
+"""Upstream's package ``horovod.runner.driver`` (see :mod:`.driver_service`)."""
