@@ -218,3 +218,19 @@ def test_a_worker_gets_the_notices_of_its_round_even_those_sent_before_it_polled
         poller.stop()
     finally:
         server.stop(wait=True)
+
+
+def test_registry_stops_when_every_host_of_the_round_is_blacklisted(caplog):
+    """Upstream's test_all_hosts_blacklisted at the decision: a worker ready on a host that another (failed)
+    worker's failure blacklisted leaves no host to re-form on (the TF2 job of this scenario ran 12 s; the decision
+    is the driver's alone, whatever the framework)."""
+    manager = HostManager(FixedHosts({"a": 2, "b": 1}))
+    manager.update_available_hosts()
+    registry = WorkerStateRegistry(manager, None)
+    registry.reset({"a:0": "a", "a:1": "a", "b:0": "b"})
+    for slot, state in {"a:0": FAILURE, "a:1": READY, "b:0": FAILURE}.items():
+        registry.record(slot, state)
+    with caplog.at_level("ERROR"):
+        assert registry.decide() is Decision.FAIL
+    assert manager.is_blacklisted("a") and manager.is_blacklisted("b")
+    assert "blacklisted slots count == 3 -> stop running" in caplog.text

@@ -7,6 +7,7 @@ A tf_keras ``DistributedOptimizer``'s class lives in this module, as upstream's 
 plain tf_keras (without Horovod) load such a file: each gives back the wrapped optimizer class itself (legacy or
 v2, as the saved config says), not a distributed one; ``hvd.load_model`` wraps it again.
 """
+from horovod._keras import _framework  # noqa: F401  (first: a missing Keras is named with its extra)
 from horovod._keras.keras2.saved_names import SavedOptimizerName as _SavedName
 
 Adadelta = _SavedName("Adadelta")

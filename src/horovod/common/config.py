@@ -70,8 +70,8 @@ _KNOBS = [
          "is set to 0, which selects one flat ring over every rank (upstream's default); autotune leaves it "
          "alone."),
     Knob("HOROVOD_HIERARCHICAL_ALLGATHER", parse_bool, False,
-         "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway; "
-         "autotune leaves it alone when set.", inert=True),
+         "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway.",
+         inert=True),
     Knob("HOROVOD_TORUS_ALLREDUCE", parse_bool, False, "2D torus allreduce (NCCL only). Accepted, no effect.",
          inert=True),
     Knob("HOROVOD_DISABLE_GROUP_FUSION", parse_bool, False, "Fuse each group separately from the others."),

@@ -30,7 +30,7 @@ LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"]
 
 GENERAL, SSH, PARAMS, AUTOTUNE, ELASTIC = (
     "", "SSH arguments", "tuneable parameter arguments", "autotune arguments",
-    "elastic arguments (elastic mode is not available yet)")
+    "elastic arguments")
 TIMELINE, STALL_CHECK, LIBRARY, LOGGING, HOSTS, CONTROLLER = (
     "timeline arguments", "stall check arguments", "library arguments", "logging arguments", "host arguments",
     "controller arguments")
@@ -329,8 +329,8 @@ _LAUNCH = [
     Option("use_mpi", CONTROLLER, ("--mpi",), "Launch the ranks with mpirun (Open MPI, MPICH, Intel MPI or "
            "Spectrum MPI; `pip install horovod[mpi]` brings Open MPI and mpi4py).", kind=STORE_TRUE,
            exclusive=True, keyword="use_mpi"),
-    Option("use_jsrun", CONTROLLER, ("--jsrun",), "Launch Horovod processes with jsrun and use the MPI controller "
-           "(not available yet).", kind=STORE_TRUE, exclusive=True),
+    Option("use_jsrun", CONTROLLER, ("--jsrun",), "Launch Horovod processes with jsrun (IBM LSF) and use the MPI "
+           "controller.", kind=STORE_TRUE, exclusive=True),
 ]
 
 #: Every option, in ``horovodrun --help`` order.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from horovod.core import api as _api
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
+from horovod.jax import _framework  # noqa: F401  (first: a missing JAX is named with its extra)
 from horovod.jax.compression import Compression
 from horovod.jax.functions import (
     allgather_object,

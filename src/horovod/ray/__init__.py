@@ -2,6 +2,7 @@
 
 See docs/ray.md. Importing this package imports ``ray``; it is the ``ray`` extra (``pip install horovod[ray]``).
 """
+from . import _framework  # noqa: F401  (first: a missing Ray is named with its extra)
 from .callbacks import log_to_driver
 from .discovery import RayHostDiscovery
 from .elastic import ElasticRayExecutor

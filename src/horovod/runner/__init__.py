@@ -71,8 +71,9 @@ def run(
 
     Raises ValueError when both ``hosts`` and ``hostfile``, or both ``use_gloo`` and ``use_mpi``, are given;
     RuntimeError naming the rank (with its traceback) when the function raised on a rank; RuntimeError naming
-    the first failed rank when a rank died; NotImplementedError for elastic mode (not available yet). With
-    ``use_mpi=True`` the ranks are started by ``mpirun`` (see :mod:`horovod.runner.mpi_run`).
+    the first failed rank when a rank died; a failure's message starts with upstream's sentence. With
+    ``use_mpi=True`` the ranks are started by ``mpirun`` (see :mod:`horovod.runner.mpi_run`); with ``min_np`` /
+    ``max_np`` and ``host_discovery_script`` the job is elastic, and the results are those of its last round.
     """
     from horovod.runner import launch
 

@@ -5,6 +5,7 @@ running SparkContext (or ``SparkSession.builder.getOrCreate()``). See docs/spark
 """
 from __future__ import annotations
 
+from . import _framework  # noqa: F401  (first: a missing PySpark is named with its extra)
 from .elastic import run_elastic
 from .runner import run
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-import tensorflow as tf
-
 from horovod.common import config
 from horovod.common.util import check_extension, gpu_available, split_list  # noqa: F401  (as upstream's)
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow import errors
+from horovod.tensorflow import (
+    _framework,  # noqa: F401  (first: a missing TensorFlow is named with its extra)
+    errors,
+)
+from horovod.tensorflow._framework import tf
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (  # noqa: F401
     allgather_object,

@@ -6,7 +6,10 @@ zero-copy; CUDA tensors of a job on one host go GPU to GPU through CUDA IPC (doc
 from __future__ import annotations
 
 from horovod.common.util import check_extension, gpu_available, split_list  # noqa: F401  (as upstream's)
-from horovod.torch import elastic  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler, as upstream)
+from horovod.torch import (
+    _framework,  # noqa: F401  (first: a missing PyTorch is named with its extra)
+    elastic,  # noqa: F401  (hvd.elastic.run, TorchState, ElasticSampler, as upstream)
+)
 from horovod.torch.compression import Compression  # noqa: F401
 from horovod.torch.functions import (  # noqa: F401
     allgather_object,

@@ -9,10 +9,12 @@ lists in the same order, which is what makes the data plane's collectives line u
 
 The parts, one module each: :mod:`.settings` (what it runs with), :mod:`.state` (its life cycle),
 :mod:`.control` (the control channel), :mod:`.loops` (the coordinator's and the workers' loops),
-:mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per collective),
-:mod:`.observer` (the hooks that the timeline, stall inspector and autotuner implement), :mod:`.flight` (the
-flight record of recent collectives) and :mod:`.lifecycle` (who hears of engines starting and stopping: the
-data-plane watchdog). The engine thread publishes the batch it runs (``running``) for the watchdog, and fails a
+:mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per collective, with
+:mod:`.layouts`), :mod:`.device_executors` and :mod:`.device_planes` (device buffers, docs/gpu.md),
+:mod:`.fast_rounds` (small blocking allreduces without the coordinator), :mod:`.handles`, :mod:`.output_pool`
+(memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and autotuner
+implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears of engines
+starting and stopping: the data-plane watchdog). The engine thread publishes the batch it runs (``running``) for the watchdog, and fails a
 stalled batch with the watchdog's report (``stall_reason``).
 
 Failure handling: a peer whose socket closes, or any error inside a collective, aborts the engine. Every

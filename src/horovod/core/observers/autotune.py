@@ -64,9 +64,7 @@ FIXING_VARIABLES: Dict[str, str] = {
     "HOROVOD_CYCLE_TIME": CYCLE_TIME_MS,
     "HOROVOD_CACHE_CAPACITY": CACHE_ENABLED,
     "HOROVOD_HIERARCHICAL_ALLREDUCE": "hierarchical_allreduce",
-    "HOROVOD_HIERARCHICAL_ALLGATHER": "hierarchical_allgather",
-    "HOROVOD_TORUS_ALLREDUCE": "torus_allreduce",
-}
+}   # the hierarchical-allgather and torus switches are inert here (common/config.py): nothing tunes or reads them
 
 
 class Stage(enum.Enum):
@@ -83,7 +81,8 @@ def fixed_from_env(environ: Optional[Mapping[str, str]] = None) -> Set[str]:
     """The parameter names that ``environ`` sets explicitly, which the autotuner must leave alone.
 
     ``HOROVOD_FUSION_THRESHOLD`` fixes ``fusion_threshold``, ``HOROVOD_CYCLE_TIME`` fixes ``cycle_time_ms``
-    and ``HOROVOD_CACHE_CAPACITY`` fixes ``cache_enabled`` (and the hierarchical/torus switches fix theirs).
+    and ``HOROVOD_CACHE_CAPACITY`` fixes ``cache_enabled`` (and ``HOROVOD_HIERARCHICAL_ALLREDUCE`` fixes its
+    switch).
     horovodrun exports these only for the flags the user gave.
     """
     return {name for variable, name in FIXING_VARIABLES.items() if config.is_set(variable, environ)}

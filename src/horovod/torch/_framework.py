@@ -1,0 +1,4 @@
+"""The framework this binding runs on, imported first: a missing one is named with the extra that installs it."""
+from horovod.common.frameworks import require
+
+FRAMEWORK = require("torch", "horovod.torch")
