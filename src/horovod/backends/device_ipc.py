@@ -89,20 +89,27 @@ class DeviceOps(abc.ABC):
 
 
 _REGISTRY: Dict[int, Callable[[], DeviceOps]] = {}
+_MADE: Dict[int, DeviceOps] = {}     # device code -> its ops, built once (the op layer asks at every request)
 
 
 def register(device: int, factory: Callable[[], DeviceOps]) -> None:
-    """Make device code ``device`` usable: ``factory()`` builds the ops for a new plane (a binding calls this)."""
+    """Make device code ``device`` usable: ``factory()`` builds its ops, once, when first asked for (a binding
+    calls this)."""
     _REGISTRY[int(device)] = factory
+    _MADE.pop(int(device), None)
 
 
 def ops_for(device: int) -> DeviceOps:
     """The ops registered for ``device``; RuntimeError (naming what to import) when none is."""
-    factory = _REGISTRY.get(int(device))
-    if factory is None:
-        raise RuntimeError(f"no device plane is registered for device code {device}: a rank received a device "
-                           "collective without the binding that provides it (import horovod.torch on every rank).")
-    return factory()
+    ops = _MADE.get(device)
+    if ops is None:
+        factory = _REGISTRY.get(int(device))
+        if factory is None:
+            raise RuntimeError(f"no device plane is registered for device code {device}: a rank received a device "
+                               "collective without the binding that provides it (import horovod.torch on every "
+                               "rank).")
+        ops = _MADE[int(device)] = factory()
+    return ops
 
 
 def _even_split(count: int, size: int) -> List[int]:

@@ -111,10 +111,11 @@ def describe(tensor, device: int = HOST) -> DataType:
     return device_ipc.ops_for(device).data_type(tensor)
 
 
-def _empty_like(tensor, device: int):
+def _empty_like(tensor, device: int, dtype: Optional[DataType] = None):
+    """A new output like ``tensor`` on its device (``dtype``: its wire dtype, when the caller already has it)."""
     if device == HOST:
         return output_pool.empty_like(tensor)
-    return device_ipc.ops_for(device).empty(tuple(tensor.shape), describe(tensor, device))
+    return device_ipc.ops_for(device).empty(tuple(tensor.shape), dtype if dtype is not None else describe(tensor, device))
 
 
 _ADASUM_DTYPES = frozenset({DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64})
@@ -163,7 +164,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     _check_scale(dtype, prescale_factor, postscale_factor, "allreduce")
     name = name or tensor_name("allreduce", None, process_set=process_set)
     if output is None:
-        output = _empty_like(tensor, device)
+        output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor, device=device)
     entry = Entry(request, tensor, output, handle)
@@ -241,7 +242,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
     dtype = describe(tensor, device)
     name = name or tensor_name("broadcast", None, process_set=process_set)
     if output is None:
-        output = _empty_like(tensor, device)
+        output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
     request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
     engine.enqueue([Entry(request, tensor, output, handle)])

@@ -113,8 +113,15 @@ class TorchCudaOps(device_ipc.DeviceOps):
 
     def __init__(self, device: int) -> None:
         self.device = torch.device("cuda", device)
-        torch.cuda.set_device(self.device)          # the engine thread, where every call below runs
-        self.runtime = _Runtime()
+        self._runtime: Optional[_Runtime] = None
+
+    @property
+    def runtime(self) -> _Runtime:
+        """The CUDA runtime calls, loaded when a plane first exports a window (the op layer's dtype and output
+        questions need none)."""
+        if self._runtime is None:
+            self._runtime = _Runtime()
+        return self._runtime
 
     def data_type(self, array) -> DataType:
         return _WIRE_OF[array.dtype]
@@ -133,6 +140,8 @@ class TorchCudaOps(device_ipc.DeviceOps):
         return tensor
 
     def export_window(self, nbytes: int):
+        # Called once per plane, on the engine thread of its process set, where every copy and reduction runs.
+        torch.cuda.set_device(self.device)
         memory = _Memory(self.runtime.malloc(nbytes), nbytes)
         return self.runtime.export(memory.ptr), (memory, self._tensor(memory))
 
@@ -219,7 +228,7 @@ def device_for(tensors, op: Optional[ReduceOp] = None) -> int:
     """``device_ipc.CUDA`` when ``tensors`` (all CUDA) go through the CUDA IPC plane, else ``HOST`` (staged);
     for CUDA, records the events the engine's stream waits on before reading them."""
     tensors = list(tensors)
-    if not tensors or any(t.device.type != "cuda" for t in tensors):
+    if not tensors or not tensors[0].is_cuda or any(not t.is_cuda for t in tensors):   # CPU: one check
         return HOST
     if (op is not None and ReduceOp(op) == ReduceOp.ADASUM) or not plane_available():
         return HOST
