@@ -72,9 +72,13 @@ def test_a_rank_frozen_inside_a_collective_is_named_and_the_job_ends_after_the_s
     kind, since_stop = results[0].split()[1], float(results[0].split()[2])
     assert kind == "HorovodInternalError" and SHUTDOWN - 0.5 <= since_stop < SHUTDOWN + SLACK_S, results
     assert "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=4 s" in results[0], results
-    # The launcher names the failed rank, and its last lines carry the report.
+    # The launcher names the failed rank, and its last lines carry the report. At 3 ranks the first rank to exit
+    # may be one that waited on rank 1 through another (rank 0 receives from rank 2 on the ring, and rank 2 from
+    # rank 1): its report then names the peer it waited for, and that peer waiting for rank 1.
     assert "Horovod detected that one or more processes exited with non-zero status" in out, out[-3000:]
-    assert re.search(r"Data plane stalled: .* from rank 1 ", out.split("Last 10 output lines")[-1]), out[-3000:]
+    last = out.split("Last 10 output lines")[-1]
+    assert re.search(r"Data plane stalled: .* from rank 1 ", last) or re.search(
+        r"Data plane stalled: .* from rank \d+ .*waiting [\d.]+ s for rank 1\b", last), out[-3000:]
     assert re.search(r"When the job ended, rank 1 \(pid \d+ on \S+\) was stopped \(SIGSTOP", out), out[-3000:]
 
 
