@@ -143,7 +143,7 @@ def test_sync_batch_norm_on_cuda_equals_cpu():
     results = []
     for device in (torch.device("cpu"), DEVICE):
         bn = hvd.SyncBatchNorm(3).double().to(device)
-        inp = x.to(device).requires_grad_()
+        inp = x.detach().to(device).requires_grad_()
         out = bn(inp)
         (out * out).sum().backward()
         results.append((out.detach().cpu(), inp.grad.cpu(), bn.running_mean.cpu(), bn.running_var.cpu()))
