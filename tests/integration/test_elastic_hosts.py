@@ -46,7 +46,8 @@ def test_a_cut_link_fails_the_host_over_and_it_rejoins_after_the_cooldown(tmp_pa
 
         intervention = threading.Thread(target=cut_then_restore, daemon=True)
         intervention.start()
-        env = cluster.launcher_env({"EPOCHS": "40", "STEP_SLEEP": "0.1", "PROGRESS_FILE": str(progress)})
+        env = cluster.launcher_env({"EPOCHS": "40", "END_AFTER_REGROW": "12", "STEP_SLEEP": "0.1",
+                                     "PROGRESS_FILE": str(progress)})
         args = ["--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
                 "--blacklist-cooldown-range", "3", "5", *cluster.launcher_args()]
         try:

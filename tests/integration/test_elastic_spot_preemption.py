@@ -108,7 +108,8 @@ def test_a_preempted_host_is_not_blacklisted_and_rejoins_once_rediscovered(tmp_p
 
         intervention = threading.Thread(target=reclaim_then_replace, daemon=True)
         intervention.start()
-        env = cluster.launcher_env({"EPOCHS": "12", "STEP_SLEEP": "0.1", "PROGRESS_FILE": str(progress)})
+        env = cluster.launcher_env({"EPOCHS": "12", "END_AFTER_REGROW": "12", "STEP_SLEEP": "0.1",
+                                     "PROGRESS_FILE": str(progress)})
         args = ["--min-np", "1", "--max-np", "2", "--host-discovery-script", str(script), *cluster.launcher_args()]
         with cluster.dump_stacks_after(230):
             result = horovodrun(2, [sys.executable, WORKER], extra_args=args, env=env, timeout=240)

@@ -1,7 +1,9 @@
 """Run the Keras bodies in tests/parallel through the launcher.
 
 - Keras 3 (tests/parallel/test_keras_*.py except the tf-keras ones), backend-independent: on each installed
-  backend, TensorFlow at 2 and 4 ranks, PyTorch at 3 and JAX at 2 (KERAS_BACKEND selects it in every rank).
+  backend, TensorFlow at 4 ranks, PyTorch at 3 and JAX at 2 (KERAS_BACKEND selects it in every rank). The bodies
+  do not depend on the backend, so each rank count runs once; Keras 3 on TensorFlow also trains at 2 ranks in
+  tests/integration/test_keras_examples.py.
 - Keras 2 through tf-keras (test_keras_tf_keras_*.py), with TF_USE_LEGACY_KERAS=1 so that ``tf.keras`` is
   ``tf_keras`` while ``import keras`` stays Keras 3: eagerly at 3 ranks, and the graph-mode (TF1) file alone,
   since it switches eager execution off for its whole process, at 2.
@@ -27,7 +29,7 @@ TF_KERAS_FILES = [f for f in ALL_FILES if f.startswith("test_keras_tf_keras_") a
 FILES = [f for f in ALL_FILES if not f.startswith("test_keras_tf_keras_")]
 EXPECTED = {"test_keras_optimizer.py", "test_keras_callbacks.py"}
 EXPECTED_TF_KERAS = {"test_keras_tf_keras_optimizer.py", "test_keras_tf_keras_callbacks.py"}
-JOBS = [("tensorflow", 2), ("tensorflow", 4), ("torch", 3), ("jax", 2)]
+JOBS = [("tensorflow", 4), ("torch", 3), ("jax", 2)]
 TF_KERAS_ENV = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 

@@ -15,7 +15,10 @@ Knobs: ``EPOCHS``, ``BATCH``, ``COMMIT_EVERY`` (batches), ``STEP_SLEEP`` (s); ``
 the worker on that host SIGKILLs itself at that global step, once per marker file; ``GROW_AT`` / ``SHRINK_AT`` +
 ``HOSTS_FILE`` + ``EXTRA_HOST``: rank 0 appends / removes that line of the discovery's hosts file at that step;
 ``RESETS``: raise HostsUpdatedInterrupt at every step until that many resets happened (for the leak test);
-``PROGRESS_FILE``: rank 0 writes ``<global step> <size>`` there after every step (for tests that act from outside).
+``PROGRESS_FILE``: rank 0 writes ``<global step> <size>`` there after every step (for tests that act from outside);
+``END_AFTER_REGROW``: once the job has shrunk and grown again, it ends that many steps after the regrown round
+starts (``EPOCHS`` is then only an upper bound), so that a test of a rejoin does not train out the epochs it
+needed as headroom.
 """
 import hashlib
 import json
@@ -35,6 +38,7 @@ SAMPLES = int(os.environ.get("SAMPLES", "96"))
 COMMIT_EVERY = int(os.environ.get("COMMIT_EVERY", "2"))
 STEP_SLEEP = float(os.environ.get("STEP_SLEEP", "0.05"))
 RESETS = int(os.environ.get("RESETS", "0"))
+END_AFTER_REGROW = int(os.environ.get("END_AFTER_REGROW", "0"))
 
 
 def model_hash(model: torch.nn.Module) -> str:
@@ -76,6 +80,16 @@ def maybe_act(state) -> None:
         edit_hosts(add=False)
 
 
+def note_regrowth(state) -> None:
+    """With ``END_AFTER_REGROW``: at the start of a round larger than the smallest seen so far, set the step at
+    which the job ends. Every rank of the round decides alike, from the state rank 0 synced to all of them."""
+    if not END_AFTER_REGROW:
+        return
+    if state.smallest and hvd.size() > state.smallest and state.end_at < 0:
+        state.end_at = state.global_step + END_AFTER_REGROW
+    state.smallest = min(state.smallest or hvd.size(), hvd.size())
+
+
 def main() -> None:
     hvd.init()
     torch.manual_seed(0)
@@ -86,7 +100,8 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                          named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
-    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, global_step=0, seen={})
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, global_step=0, seen={},
+                                   smallest=0, end_at=-1)
     resets = [0]                            # this process's resets (not state: a restore would undo the count)
     state.register_reset_callbacks([lambda: resets.__setitem__(0, resets[0] + 1)])
 
@@ -94,6 +109,7 @@ def main() -> None:
     def train(state):
         print(f"START size={hvd.size()} epoch={state.epoch} batch={state.batch} hash={model_hash(model)}",
               flush=True)
+        note_regrowth(state)
         if RESETS and resets[0] in (5, RESETS):
             hvd.barrier()                   # every engine is up: no rank has left for the next reset yet
             print(f"LEAKS reset={resets[0]} {resources()}", flush=True)
@@ -119,6 +135,9 @@ def main() -> None:
                 if state.batch % COMMIT_EVERY == 0:
                     state.commit()
                 time.sleep(STEP_SLEEP)
+                if 0 <= state.end_at <= state.global_step:
+                    state.epoch = EPOCHS            # every rank holds the same synced state: all end together
+                    break
             state.batch = 0
             state.epoch += 1
             state.sampler.set_epoch(state.epoch)
