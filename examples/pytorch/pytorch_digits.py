@@ -59,6 +59,15 @@ def metric_average(value: float, name: str) -> float:
     return float(hvd.allreduce(torch.tensor(value, dtype=torch.float64), name=name, op=hvd.Average))
 
 
+def make_compression(args: argparse.Namespace):
+    """The compression ``--compression`` (or ``--fp16-allreduce``) asks for."""
+    name = args.compression or ("fp16" if args.fp16_allreduce else "none")
+    if name == "powersgd":
+        return hvd.Compression.powersgd(matrix_approximation_rank=args.powersgd_rank,
+                                        start_powerSGD_iter=args.powersgd_start_iter)
+    return getattr(hvd.Compression, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=20)
@@ -68,6 +77,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num-threads", type=int, default=1, help="torch intra-op threads per rank")
     parser.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to fp16 on the wire")
+    parser.add_argument("--compression", choices=["none", "fp16", "bf16", "powersgd"], default=None,
+                        help="gradient compression (default: none, or fp16 with --fp16-allreduce); powersgd is "
+                             "DDP's low-rank PowerSGD (docs/compression.md)")
+    parser.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD's matrix_approximation_rank")
+    parser.add_argument("--powersgd-start-iter", type=int, default=50,
+                        help="PowerSGD's start_powerSGD_iter: plain allreduce for this many steps first")
     parser.add_argument("--checkpoint", default="checkpoints/pytorch_digits.pt",
                         help="rank 0 writes the model and optimizer state here after every epoch")
     parser.add_argument("--min-accuracy", type=float, default=0.9,
@@ -92,7 +107,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    compression = make_compression(args)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 
@@ -130,6 +145,7 @@ def main() -> None:
     accuracy = float(totals[0]) / float(totals[1])
     if rank == 0:
         log.info("test accuracy on %d held-out digits: %.2f%% (%d ranks)", int(totals[1]), 100 * accuracy, size)
+        log.info("compression: %s", compression)
     hvd.shutdown()
     if accuracy < args.min_accuracy:
         raise SystemExit(f"accuracy {accuracy:.3f} is below the expected {args.min_accuracy}")

@@ -18,19 +18,46 @@ pytest.importorskip("tqdm")
 MIN_ACCURACY = 94.0
 
 
-def test_pytorch_digits_trains_on_two_ranks(tmp_path):
-    checkpoint = tmp_path / "ckpt" / "digits.pt"
+def _digits(folder, *args: str):
+    """Run the digits example on 2 ranks for 20 epochs (seed 42), checkpointing into ``folder``; its output."""
     result = horovodrun(2, [sys.executable, "examples/pytorch/pytorch_digits.py", "--epochs", "20",
-                            "--checkpoint", str(checkpoint)], timeout=240)
+                            "--checkpoint", str(folder / "digits.pt"), *args], timeout=240)
     assert result.returncode == 0, result.stdout[-5000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def uncompressed(tmp_path_factory):
+    """The uncompressed run, shared by the checkpoint test and the PowerSGD comparison (one job, not two)."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    return folder, _digits(folder)
+
+
+def test_pytorch_digits_trains_on_two_ranks(uncompressed):
+    folder, result = uncompressed
     assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY)
-    assert sorted(p.name for p in checkpoint.parent.iterdir()) == ["digits.pt"], "rank 0 writes one checkpoint"
+    assert sorted(p.name for p in folder.iterdir()) == ["digits.pt"], "rank 0 writes one checkpoint"
 
     import torch
 
-    state = torch.load(checkpoint, weights_only=False)
+    state = torch.load(folder / "digits.pt", weights_only=False)
     assert state["epoch"] == 19
     assert set(state) == {"epoch", "model", "optimizer"}
+
+
+# PowerSGD at rank 4 (DDP's powerSGD_hook algorithm, after 50 plain steps of about 440) against the same run
+# uncompressed, both seeded (42) on every rank. On the reference VM: 98.00 % uncompressed, 97.78 % with PowerSGD;
+# over seeds 0-4 PowerSGD was at most 0.45 points below (docs/compression.md). The margin is the issue's 1.5
+# points (about 3 times the largest drop seen).
+POWERSGD_MARGIN = 1.5
+
+
+def test_pytorch_digits_powersgd_is_within_1_5_points_of_uncompressed(uncompressed, tmp_path):
+    baseline = assert_digits_report(uncompressed[1].stdout, ranks=2, min_accuracy=MIN_ACCURACY)
+    result = _digits(tmp_path, "--compression", "powersgd", "--powersgd-rank", "4")
+    compressed = assert_digits_report(result.stdout, ranks=2, min_accuracy=MIN_ACCURACY)
+    assert "PowerSGDCompressor(matrix_approximation_rank=4" in result.stdout
+    assert compressed >= baseline - POWERSGD_MARGIN, (compressed, baseline)
 
 
 def test_pytorch_synthetic_benchmark_reports_upstream_lines(tmp_path):

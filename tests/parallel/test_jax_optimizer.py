@@ -11,27 +11,9 @@ import pytest
 
 import horovod.core.ops as core_ops
 import horovod.jax as hvd
+from tests.support.jax_mlp import batch, gradient, init_params
 
 FORMS = ["eager", "jit"]
-SHARD = 4
-
-
-def init_params(seed):
-    k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-    return {"hidden": {"w": jax.random.normal(k1, (5, 8)) * 0.3, "b": jnp.zeros(8)},
-            "out": {"w": jax.random.normal(k2, (8, 3)) * 0.3, "b": jnp.zeros(3)}}
-
-
-def loss(params, x, y):
-    h = jnp.tanh(x @ params["hidden"]["w"] + params["hidden"]["b"])
-    return jnp.mean((h @ params["out"]["w"] + params["out"]["b"] - y) ** 2)
-
-
-def batch(step, rank):
-    """Rank ``rank``'s shard of step ``step``'s batch."""
-    rng = np.random.default_rng(1000 * step + rank)
-    return jnp.asarray(rng.normal(size=(SHARD, 5)), jnp.float32), jnp.asarray(rng.normal(size=(SHARD, 3)),
-                                                                              jnp.float32)
 
 
 def local_batch(step):
@@ -43,7 +25,6 @@ def full_batch(step):
     return jnp.concatenate([p[0] for p in parts]), jnp.concatenate([p[1] for p in parts])
 
 
-gradient = jax.jit(jax.grad(loss))
 
 
 def train(optimizer, params, steps, data, form):

@@ -1,6 +1,7 @@
 """horovod.torch on CUDA tensors, at any number of ranks sharing one GPU (or several): every collective, the
-DistributedOptimizer and SyncBatchNorm, each checked against the same call on CPU tensors (the host planes, which
-the rest of the suite checks against references). Skipped, saying so, where torch sees no GPU.
+DistributedOptimizer, the ZeroRedundancyOptimizer and SyncBatchNorm, each checked against the same call on CPU
+tensors (the host planes, which the rest of the suite checks against references). Skipped, saying so, where torch
+sees no GPU.
 
 tests/integration/test_gpu_suite.py runs it with a small CUDA IPC window (several chunks per collective) and with
 ``HOROVOD_CUDA_IPC=0`` (host staging); docs/gpu.md gives the command.
@@ -135,6 +136,32 @@ def _train(device, steps=4):
 def test_distributed_optimizer_on_cuda_equals_cpu():
     for gpu, cpu in zip(_train(DEVICE), _train(torch.device("cpu"))):
         torch.testing.assert_close(gpu, cpu, rtol=1e-9, atol=1e-10)
+
+
+def _train_zero(device, steps=4):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).double().to(device)
+    opt = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.Adam, lr=0.01, bucket_cap_bytes=1024,
+                                      name=f"zero.{device.type}")
+    g = torch.Generator().manual_seed(100 + hvd.rank())
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=g, dtype=torch.float64).to(device)
+        y = torch.randn(8, 4, generator=g, dtype=torch.float64).to(device)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    opt.consolidate_state_dict(to=0)
+    state = opt.state_dict()["state"] if hvd.rank() == 0 else {}
+    return [p.detach().cpu() for p in model.parameters()], state
+
+
+def test_zero_redundancy_optimizer_on_cuda_equals_cpu():
+    (gpu, gpu_state), (cpu, cpu_state) = _train_zero(DEVICE), _train_zero(torch.device("cpu"))
+    for a, b in zip(gpu, cpu):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    assert sorted(gpu_state) == sorted(cpu_state)
+    for i in gpu_state:
+        torch.testing.assert_close(gpu_state[i]["exp_avg"], cpu_state[i]["exp_avg"], rtol=1e-9, atol=1e-10)
 
 
 def test_sync_batch_norm_on_cuda_equals_cpu():

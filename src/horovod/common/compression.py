@@ -1,8 +1,13 @@
-"""The compression scheme shared by the framework bindings: a compressor casts floating-point tensors to a
-narrower wire dtype before the allreduce and back after it. Each binding supplies three framework hooks."""
+"""The compression schemes shared by the framework bindings. A cast compressor sends floating-point tensors as a
+narrower wire dtype and restores them after the allreduce; each binding supplies three framework hooks.
+PowerSGD's settings (:class:`PowerSGDCompressor`) are framework-free too; its algorithm is each binding's
+(``horovod/torch/powersgd.py``, ``horovod/jax/powersgd.py``)."""
 from __future__ import annotations
 
-from typing import Any, Tuple
+import dataclasses
+from typing import Any, Sequence, Tuple
+
+from horovod.common.types import Adasum, ReduceOp
 
 
 class Compressor:
@@ -57,3 +62,61 @@ class CastCompressor(Compressor):
     @classmethod
     def decompress(cls, tensor: Any, ctx: Any) -> Any:
         return cls.cast(tensor, ctx) if ctx is not None else tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerSGDCompressor(Compressor):
+    """PowerSGD's settings (``Compression.powersgd(...)``), with the names and defaults of DDP's
+    ``PowerSGDState``. ``start_powerSGD_iter`` may be 0 or 1 here (DDP needs 2 because it rebuilds its buckets
+    after the first step; there are no buckets to rebuild here).
+
+    PowerSGD keeps state from step to step, so it works in a ``DistributedOptimizer`` only, which runs it on the
+    gradients it compresses and allreduces the others as they are; ``compress`` refuses a single tensor.
+    """
+
+    matrix_approximation_rank: int = 1
+    start_powerSGD_iter: int = 1000
+    min_compression_rate: float = 2
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    orthogonalization_epsilon: float = 0
+    random_seed: int = 0
+
+    def __post_init__(self) -> None:
+        rank = self.matrix_approximation_rank
+        if int(rank) != rank or rank < 1:
+            raise ValueError(f"matrix_approximation_rank must be an integer >= 1, got {rank!r} (1 to 4 is usual; "
+                             "DDP's advice: start at 1 and double it until the accuracy is good enough)")
+        if int(self.start_powerSGD_iter) != self.start_powerSGD_iter or self.start_powerSGD_iter < 0:
+            raise ValueError(f"start_powerSGD_iter must be an integer >= 0, got {self.start_powerSGD_iter!r}")
+        if self.orthogonalization_epsilon < 0:
+            raise ValueError(f"orthogonalization_epsilon must be >= 0, got {self.orthogonalization_epsilon!r}")
+
+    def compress(self, tensor: Any) -> Tuple[Any, Any]:
+        raise ValueError("Compression.powersgd keeps state from step to step (error feedback, warm-start Q), so "
+                         "it works in hvd.DistributedOptimizer only: pass it there, or use Compression.none, fp16 "
+                         "or bf16 for a single allreduce")
+
+    def decompress(self, tensor: Any, ctx: Any) -> Any:
+        return self.compress(tensor)
+
+    def approximation_rank(self, shape: Sequence[int]) -> int:
+        """The rank ``r`` a gradient of ``shape`` is compressed to, or 0 when it is allreduced as it is (DDP's
+        ``_should_compress``: ``(n + m) * r * min_compression_rate < n * m`` for its n x m matrix view
+        ``grad.view(shape[0], -1)``)."""
+        if len(shape) == 0:
+            return 0
+        n = int(shape[0])
+        m = 1
+        for d in shape[1:]:
+            m *= int(d)
+        r = min(n, m, int(self.matrix_approximation_rank))
+        return r if r > 0 and (n + m) * r * self.min_compression_rate < n * m else 0
+
+
+def check_powersgd_op(compression: object, op: ReduceOp) -> None:
+    """PowerSGD approximates a sum or mean of gradients: refuse ``op=Adasum`` with it, saying what to do."""
+    if isinstance(compression, PowerSGDCompressor) and op == Adasum:
+        raise ValueError("Compression.powersgd cannot be combined with op=hvd.Adasum: Adasum combines whole "
+                         "weight deltas, PowerSGD approximates the average gradient. Use op=hvd.Average (or "
+                         "hvd.Sum) with PowerSGD, or Adasum with Compression.none, fp16 or bf16.")

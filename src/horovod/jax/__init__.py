@@ -31,10 +31,11 @@ from horovod.jax.mpi_ops import (
     reducescatter,
 )
 from horovod.jax.optimizer import DistributedOptimizer, DistributedOptimizerState, allreduce_gradients
+from horovod.jax.zero_optimizer import ZeroRedundancyOptimizer, ZeroRedundancyOptimizerState
 
 __all__ = _api.__all__ + [
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "barrier", "join", "broadcast_object", "allgather_object",
     "broadcast_variables", "broadcast_parameters", "DistributedOptimizer", "DistributedOptimizerState",
-    "allreduce_gradients", "Compression",
+    "allreduce_gradients", "Compression", "ZeroRedundancyOptimizer", "ZeroRedundancyOptimizerState",
 ]

@@ -1,12 +1,13 @@
 """Gradient compression for allreduce on JAX arrays: ``Compression.none``, ``Compression.fp16`` and (as in
-``horovod.torch``) ``Compression.bf16``. The casts are JAX operations, so they work under ``jit`` and ``grad``."""
+``horovod.torch``) ``Compression.bf16``. The casts are JAX operations, so they work under ``jit`` and ``grad``.
+``Compression.powersgd(...)`` is DDP's PowerSGD for ``DistributedOptimizer`` (horovod/jax/powersgd.py)."""
 from __future__ import annotations
 
 from typing import Any
 
 import jax.numpy as jnp
 
-from horovod.common.compression import CastCompressor, Compressor, NoneCompressor  # noqa: F401
+from horovod.common.compression import CastCompressor, Compressor, NoneCompressor, PowerSGDCompressor  # noqa: F401
 
 
 class _CastCompressor(CastCompressor):
@@ -43,3 +44,14 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+    @staticmethod
+    def powersgd(matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1000,
+                 min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
+                 orthogonalization_epsilon: float = 0, random_seed: int = 0) -> PowerSGDCompressor:
+        """PowerSGD (ours; DDP's ``powerSGD_hook``, the names and defaults of its ``PowerSGDState``), for
+        ``DistributedOptimizer`` only: each matrix leaf that compresses at least ``min_compression_rate`` times
+        is exchanged as two rank-``matrix_approximation_rank`` factors after ``start_powerSGD_iter`` plain
+        updates, with error feedback and a warm-started Q kept in the optax state. See docs/compression.md."""
+        return PowerSGDCompressor(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate,
+                                  use_error_feedback, warm_start, orthogonalization_epsilon, random_seed)

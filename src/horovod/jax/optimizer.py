@@ -4,7 +4,8 @@ before the wrapped transformation sees them.
 The whole gradient pytree goes as ONE grouped allreduce per step (negotiated and fused as one unit), eagerly or
 inside a jitted train step (an ordered host callback there). ``backward_passes_per_step=N`` accumulates N
 gradients locally (summed, as ``horovod.torch`` does) and allreduces and applies them on every N-th update;
-the other updates are zero and leave the wrapped state alone.
+the other updates are zero and leave the wrapped state alone. With ``compression=Compression.powersgd(...)``
+the matrices go through PowerSGD instead (horovod/jax/powersgd.py), its state in ``DistributedOptimizerState``.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from horovod.common.compression import PowerSGDCompressor, check_powersgd_op
 from horovod.common.gradient_groups import check_predivide, scale_factors
 from horovod.common.types import Average, ReduceOp
 from horovod.core import ops
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.jax import powersgd
 from horovod.jax.compression import Compression
 from horovod.jax.mpi_ops import grouped_allreduce
 
@@ -26,11 +29,13 @@ __all__ = ["DistributedOptimizer", "DistributedOptimizerState", "allreduce_gradi
 
 class DistributedOptimizerState(NamedTuple):
     """The wrapped transformation's state, the locally accumulated gradients (an empty tuple when
-    ``backward_passes_per_step`` is 1) and how many have been accumulated."""
+    ``backward_passes_per_step`` is 1), how many have been accumulated, and PowerSGD's state
+    (``horovod.jax.powersgd.PowerSGDState``; an empty tuple without PowerSGD)."""
 
     inner_state: Any
     accumulated: Any
     count: jax.Array
+    powersgd: Any = ()
 
 
 def allreduce_gradients(grads: Any, op: ReduceOp = Average, compression=Compression.none,
@@ -55,38 +60,49 @@ def DistributedOptimizer(optimizer: optax.GradientTransformation, compression=Co
     """Wrap an optax transformation so that gradients are averaged across ranks before every update.
 
     Arguments follow ``horovod.torch.DistributedOptimizer``: ``compression`` (``Compression.none``, ``.fp16``,
-    ``.bf16``), ``backward_passes_per_step`` (local accumulation), ``op`` (Average by default; Sum, Adasum ...),
-    ``gradient_predivide_factor`` (Average only) and ``process_set``. ``name`` names the grouped allreduce
+    ``.bf16``, or ``Compression.powersgd(...)``: docs/compression.md), ``backward_passes_per_step`` (local
+    accumulation), ``op`` (Average by default; Sum, Adasum ...), ``gradient_predivide_factor`` (Average only)
+    and ``process_set``. ``name`` names the grouped allreduce
     (default ``DistributedOptimizer``; give two optimizers that run at once different names).
     """
     check_predivide(op, gradient_predivide_factor)
+    check_powersgd_op(compression, op)
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     passes = int(backward_passes_per_step)
     name = name or "DistributedOptimizer"
 
-    def reduce(grads):
-        return allreduce_gradients(grads, op, compression, gradient_predivide_factor, process_set, name)
+    lowrank = isinstance(compression, PowerSGDCompressor)
+
+    def reduce(grads, lowrank_state):
+        """(the reduced gradients, PowerSGD's next state)."""
+        if lowrank:
+            return powersgd.reduce(compression, grads, lowrank_state, op,
+                                   *scale_factors(op, gradient_predivide_factor), process_set, name)
+        return allreduce_gradients(grads, op, compression, gradient_predivide_factor, process_set, name), ()
 
     def init(params):
         accumulated = jax.tree_util.tree_map(jnp.zeros_like, params) if passes > 1 else ()
-        return DistributedOptimizerState(optimizer.init(params), accumulated, jnp.zeros((), jnp.int32))
+        return DistributedOptimizerState(optimizer.init(params), accumulated, jnp.zeros((), jnp.int32),
+                                         powersgd.init(compression, params) if lowrank else ())
 
     def update(grads, state, params=None, **extra):
         if passes == 1:
-            updates, inner = optimizer.update(reduce(grads), state.inner_state, params, **extra)
-            return updates, DistributedOptimizerState(inner, state.accumulated, state.count)
+            reduced, lowrank_state = reduce(grads, state.powersgd)
+            updates, inner = optimizer.update(reduced, state.inner_state, params, **extra)
+            return updates, DistributedOptimizerState(inner, state.accumulated, state.count, lowrank_state)
         accumulated = jax.tree_util.tree_map(jnp.add, state.accumulated, grads)
         count = state.count + 1
 
         def apply(_):
-            updates, inner = optimizer.update(reduce(accumulated), state.inner_state, params, **extra)
+            reduced, lowrank_state = reduce(accumulated, state.powersgd)
+            updates, inner = optimizer.update(reduced, state.inner_state, params, **extra)
             return updates, DistributedOptimizerState(inner, jax.tree_util.tree_map(jnp.zeros_like, accumulated),
-                                                      jnp.zeros((), jnp.int32))
+                                                      jnp.zeros((), jnp.int32), lowrank_state)
 
         def skip(_):
             return (jax.tree_util.tree_map(jnp.zeros_like, grads),
-                    DistributedOptimizerState(state.inner_state, accumulated, count))
+                    DistributedOptimizerState(state.inner_state, accumulated, count, state.powersgd))
 
         if isinstance(count, jax.core.Tracer):
             return jax.lax.cond(count >= passes, apply, skip, None)

@@ -20,3 +20,4 @@ from horovod.torch.functions import (  # noqa: F401
 from horovod.torch.mpi_ops import *  # noqa: F403  (the op layer's names and the collectives: mpi_ops.__all__)
 from horovod.torch.optimizer import DistributedOptimizer  # noqa: F401
 from horovod.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from horovod.torch.zero_optimizer import ZeroRedundancyOptimizer  # noqa: F401

@@ -49,6 +49,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     afterwards (as upstream); gradients that existed are put back, and unlike upstream the parameters are
     restored too, so that the materialising step never moves the model. Parameters with
     ``requires_grad=False`` are left alone (no gradient, no state).
+
+    A ``DistributedOptimizer`` with ``Compression.powersgd`` also takes the root's PowerSGD step count and
+    warm-start Qs; each rank keeps its own error feedback (docs/compression.md).
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
@@ -81,6 +84,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         param = params.get(int(pid))
         if param is not None and param in optimizer.state:
             optimizer.state[param][key] = value
+    # State a DistributedOptimizer keeps beside the wrapped optimizer's (PowerSGD's step count and Qs).
+    broadcast_extra_state = getattr(optimizer, "_horovod_broadcast_extra_state", None)
+    if broadcast_extra_state is not None:
+        broadcast_extra_state(root_rank, process_set)
 
 
 def _sparse_parameter_ids(model: Optional[torch.nn.Module]) -> set:

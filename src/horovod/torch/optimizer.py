@@ -15,8 +15,10 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 
 from horovod.common import config
+from horovod.common.compression import check_powersgd_op
 from horovod.common.gradient_groups import check_predivide, fixed_groups, scale_factors
 from horovod.core.process_sets import ProcessSet, global_process_set
+from horovod.torch import powersgd
 from horovod.torch.adasum_optimizer import _DistributedAdasumOptimizer
 from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
@@ -46,7 +48,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                  process_set=global_process_set):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
         all_params = [p for group in self.param_groups for p in group["params"]]
         named_parameters = checked_named_parameters(self.param_groups, named_parameters)
         self._parameter_names = {v: k for k, v in named_parameters}
@@ -62,6 +63,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._groups = fixed_groups(groups, [p for p in all_params if p.requires_grad], torch.Tensor)
+        # PowerSGD (Compression.powersgd): its state, and its matrices taken out of the groups (see powersgd.py).
+        self._powersgd = powersgd.state_for(compression, named_parameters)
+        self._compression = compression if self._powersgd is None else Compression.none
+        if self._powersgd is not None:
+            self._groups = self._powersgd.ungrouped(self._groups)
         self._group_of = {p: i for i, group in enumerate(self._groups or []) for p in group}
         self._group_ready: Dict[int, set] = {}
         trainable = {id(p) for p in all_params if p.requires_grad}
@@ -92,6 +98,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         name = self._parameter_names.get(p)
         tensor = p.grad
+        if self._powersgd is not None and self._powersgd.defers(p, self.sparse_as_dense):
+            return powersgd.DEFERRED, None                  # exchanged by synchronize()'s PowerSGD rounds
         if tensor.is_sparse:
             if self.sparse_as_dense:
                 tensor = tensor.to_dense()
@@ -170,10 +178,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for q in self._groups[group_index]:
                 self._handles[q] = (handle, ctx)
             self._group_ready.pop(group_index, None)
+        if self._powersgd is not None:      # the P and Q rounds, while the other gradients' allreduces run
+            deferred = [p for p, (handle, _ctx) in self._handles.items() if handle is powersgd.DEFERRED]
+            self._powersgd.reduce(deferred, self.op, *self._scale_factors(), self.process_set)
 
         results = {}
         for p, (handle, ctx) in self._handles.items():
-            if ctx == "sparse":
+            if handle is powersgd.DEFERRED:
+                pass                                        # written by the PowerSGD rounds above
+            elif ctx == "sparse":
                 p.grad = handle()
             elif isinstance(ctx, list):                     # a group: one handle, one ctx per member
                 if handle not in results:
@@ -226,7 +239,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         check_nothing_pending(self._handles)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
-    def load_state_dict(self, *args, **kwargs):
+    def state_dict(self):
+        """The wrapped optimizer's state dict; with PowerSGD also its state under ``"powersgd"``."""
+        state = super(self.__class__, self).state_dict()
+        if self._powersgd is not None:
+            state["powersgd"] = self._powersgd.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
         # As upstream: loading a state forgets outstanding allreduces and restarts the pass counters.
         self._handles = {}
         self._group_ready = {}
@@ -234,7 +254,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+        state_dict = dict(state_dict)
+        saved_powersgd = state_dict.pop("powersgd", None)
+        if self._powersgd is not None:
+            self._powersgd.load_state_dict(saved_powersgd)
+        return super(self.__class__, self).load_state_dict(state_dict)
+
+    def _horovod_broadcast_extra_state(self, root_rank: int, process_set: ProcessSet) -> None:
+        """Called by ``broadcast_optimizer_state``: the PowerSGD step count and Qs from ``root_rank``."""
+        if self._powersgd is not None:
+            self._powersgd.broadcast(root_rank, process_set)
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
@@ -245,7 +274,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """Wrap ``optimizer`` so that gradients are averaged across ranks before every step.
 
     Arguments follow upstream Horovod: ``named_parameters`` (usually ``model.named_parameters()``) names the
-    allreduces; ``compression`` (``Compression.none``, ``.fp16``, ``.bf16``); ``backward_passes_per_step``
+    allreduces; ``compression`` (``Compression.none``, ``.fp16``, ``.bf16``, or ours, DDP's PowerSGD:
+    ``Compression.powersgd(matrix_approximation_rank=...)``, see docs/compression.md); ``backward_passes_per_step``
     accumulates that many backward passes locally; ``op`` is the reduction (Average by default);
     ``gradient_predivide_factor`` splits the averaging into a division before and after the sum; ``groups``
     (an int, or lists of parameters) allreduces parameters together. Sparse gradients (``nn.Embedding(...,
@@ -257,6 +287,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Adasum (see ``horovod.torch.adasum_optimizer`` and docs/adasum.md); ``skip_synchronize`` is refused there.
     """
     check_predivide(op, gradient_predivide_factor)
+    check_powersgd_op(compression, op)
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning, stacklevel=2)

@@ -9,9 +9,16 @@ from typing import Any, Dict, List, Tuple, Type
 import torch
 
 from horovod.common.elastic import ObjectState
+from horovod.torch import zero_state
 from horovod.torch.elastic.sampler import ElasticSampler
-from horovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from horovod.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from horovod.torch.mpi_ops import rank
+from horovod.torch.zero_optimizer import ZeroRedundancyOptimizer
 
 
 class TorchState(ObjectState):
@@ -90,6 +97,42 @@ class OptimizerStateHandler(_StateDictHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class ZeroOptimizerStateHandler(StateHandler):
+    """A ``ZeroRedundancyOptimizer``, whose ranks each hold a shard of the state. A commit consolidates the whole
+    state on every rank (an allgather; each rank then holds a host copy of all of it, as for a plain optimizer),
+    so that it survives the loss of any rank. A sync after a reset re-partitions the parameters for the new
+    size and loads rank 0's copy. Until the first commit the copy is this rank's own shard, merged at the
+    first sync (which runs when no rank was lost yet, unless a rank fails before the first commit)."""
+
+    def __init__(self, value: ZeroRedundancyOptimizer) -> None:
+        super().__init__(value)
+        self._saved = self._own_shard()
+        self._whole = False
+
+    def _own_shard(self) -> Dict[str, Any]:
+        groups = torch.optim.Optimizer.state_dict(self.value)["param_groups"]
+        return {"state": copy.deepcopy(zero_state.shard(self.value)), "param_groups": copy.deepcopy(groups)}
+
+    def save(self) -> None:
+        self.value.consolidate_state_dict(to=None)
+        self._saved, self._whole = self.value.state_dict(), True
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        self.value._reshard()
+        if broadcast_object(self._whole, root_rank=0, name="ZeroOptimizerStateHandler.whole"):
+            saved = broadcast_object(self._saved if rank() == 0 else None, root_rank=0,
+                                     name="ZeroOptimizerStateHandler.saved")
+        else:
+            shards = allgather_object(self._saved, name="ZeroOptimizerStateHandler.shards")
+            saved = {"state": {k: v for shard in shards for k, v in shard["state"].items()},
+                     "param_groups": shards[0]["param_groups"]}
+        self.value.load_state_dict(saved)
+        self._saved, self._whole = saved, True
+
+
 class SamplerStateHandler(_StateDictHandler):
     def sync(self) -> None:
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
@@ -97,6 +140,7 @@ class SamplerStateHandler(_StateDictHandler):
 
 _handler_registry: List[Tuple[Type, Type[StateHandler]]] = [
     (torch.nn.Module, ModelStateHandler),
+    (ZeroRedundancyOptimizer, ZeroOptimizerStateHandler),          # (before the Optimizer it also is)
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
 ]
