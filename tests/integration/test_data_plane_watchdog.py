@@ -24,7 +24,9 @@ CHECK, SHUTDOWN = 2.0, 4.0
 LOGGED = re.compile(r"\[[\d-]+ [\d:,]+\] \[horovod (WARNING|ERROR) rank \d+\] (?:rank \d+: )?")
 SMALL_CHUNKS = {"HOROVOD_SHM_CHUNK_BYTES": "65536", "HOROVOD_TCP_CHUNK_BYTES": "65536"}
 PLANES = {"shm": {}, "tcp": {"HOROVOD_CPU_OPERATIONS": "tcp"}}
-STALLED = re.compile(r"Data plane stalled: rank (\d+) \(host [^)]*\) has received nothing from rank (\d+) for "
+# A rank reports a peer it waits on to receive from, or to take what it sends (its kernel buffer full).
+STALLED = re.compile(r"Data plane stalled: rank (\d+) \(host [^)]*\) (?:has received nothing from|could send nothing "
+                     r"more to) rank (\d+)(?: \(it takes no more bytes\))? for "
                      r"([\d.]+) s in ALLREDUCE of tensor 'allreduce\.stream\.\d' in the global process set "
                      r"\[(\w+) plane\]")
 

@@ -22,6 +22,7 @@ from horovod.common import wire
 # (which data sockets enlarge) absorb them, so two peers that both send first cannot deadlock.
 INLINE_SEND_BYTES = 64 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+SEND_PIECE_BYTES = 1024 * 1024      # a helper thread's large send goes in pieces this big, each one's progress told
 
 
 class PeerLostError(ConnectionError):
@@ -57,13 +58,14 @@ class _Sender:
         self._job = None
         self._thread: Optional[threading.Thread] = None
 
-    def submit(self, sock: socket.socket, view: memoryview) -> Future:
+    def submit(self, sock: socket.socket, view: memoryview, wait: peer_waits.PeerWait) -> Future:
+        """Send ``view`` on ``sock`` from the helper thread, telling ``wait`` how far it got."""
         future: Future = Future()
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="horovod-sender", daemon=True)
                 self._thread.start()
-            self._job = (sock, view, future)
+            self._job = (sock, view, wait, future)
             self._cond.notify()
         return future
 
@@ -75,9 +77,9 @@ class _Sender:
                 job, self._job = self._job, None
             if job is StopIteration:
                 return
-            sock, view, future = job
+            sock, view, wait, future = job
             try:
-                sock.sendall(view)
+                _send_all(sock, view, wait)
                 future.set_result(None)
             except BaseException as exc:  # handed to the waiting caller
                 future.set_exception(exc)
@@ -87,6 +89,20 @@ class _Sender:
             if self._thread is not None:
                 self._job = StopIteration
                 self._cond.notify()
+
+
+def _send_all(sock: socket.socket, view: memoryview, wait: peer_waits.PeerWait) -> None:
+    """``sendall``, telling ``wait`` each time the kernel takes more bytes: a peer that stops receiving (or a
+    link that is cut) leaves the send without progress, which the data-plane watchdog reports as it does a
+    silent receive."""
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    sent, n = 0, len(view)
+    while sent < n:
+        # A blocking send returns only once all it was given is queued: pieces let the progress show.
+        k = sock.send(view[sent:sent + SEND_PIECE_BYTES])
+        sent += k
+        wait.done += k
+        wait.last = time.monotonic()
 
 
 def _recv_exact(sock: socket.socket, view: memoryview, wait: peer_waits.PeerWait) -> None:
@@ -131,10 +147,15 @@ class Comm:
         return PeerLostError(self.global_ranks[peer], self.hosts[peer], str(exc) or type(exc).__name__)
 
     def send(self, peer: int, data) -> None:
+        sock = self.socks[peer]
+        nbytes = getattr(data, "nbytes", None) or len(data)
+        wait = peer_waits.begin(self.global_ranks[peer], self.hosts[peer], sock, nbytes, sending=True)
         try:
-            self.socks[peer].sendall(data)
+            sock.sendall(data)
         except OSError as exc:
             raise self._lost(peer, exc) from None
+        finally:
+            peer_waits.end(wait)
 
     def recv_into(self, peer: int, view: memoryview) -> None:
         sock = self.socks[peer]
@@ -171,7 +192,9 @@ class Comm:
             self.send(dst, send_view)
             self.recv_into(src, recv_view)
             return
-        future = self._sender.submit(self.socks[dst], send_view)
+        sending = peer_waits.PeerWait(self.global_ranks[dst], self.hosts[dst], self.socks[dst], len(send_view),
+                                      sending=True)
+        future = self._sender.submit(self.socks[dst], send_view, sending)
         try:
             self.recv_into(src, recv_view)
         except BaseException:
@@ -186,10 +209,15 @@ class Comm:
             except OSError:
                 pass
             raise
+        if not future.done():
+            # This rank now waits for its own send: the watchdog sees it (and can cut it) as it sees a receive.
+            peer_waits.hold(sending)
         try:
             future.result()
         except OSError as exc:
             raise self._lost(dst, exc) from None
+        finally:
+            peer_waits.end(sending)
 
     def barrier(self) -> None:
         """Dissemination barrier: ceil(log2(size)) rounds of one-byte exchanges."""

@@ -24,10 +24,10 @@ ANY_PEER = -1       # an MPI call: MPI does not say which rank it waits for
 class PeerWait:
     """One thread's blocking receive from one peer, or (``peer`` is :data:`ANY_PEER`) one blocking MPI call."""
 
-    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total", "call", "abort")
+    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total", "call", "abort", "sending")
 
     def __init__(self, peer: int, host: str, sock: Optional[socket.socket], total: int, call: str = "",
-                 abort: Optional[Callable[[], None]] = None) -> None:
+                 abort: Optional[Callable[[], None]] = None, sending: bool = False) -> None:
         self.peer = peer                # the peer's global rank (ANY_PEER inside an MPI call)
         self.host = host                # the peer's host, as the mesh knows it
         self.sock = sock
@@ -36,17 +36,25 @@ class PeerWait:
         self.total = total
         self.call = call                # the MPI call waited in ("MPI_Allreduce"), else ""
         self.abort = abort              # how to end a wait that no socket can cut (MPI: abort the job)
+        self.sending = sending          # a send to the peer that the kernel does not take (its buffer is full)
 
     def quiet_for(self, now: float) -> float:
-        """Seconds since the peer last sent anything to this wait (or since it began)."""
+        """Seconds since the peer last sent anything to this wait, or (``sending``) since the kernel last took
+        bytes of this send for it (or since it began)."""
         return now - max(self.since, self.last)
 
 
 def begin(peer: int, host: str, sock: Optional[socket.socket], total: int, call: str = "",
-          abort: Optional[Callable[[], None]] = None) -> PeerWait:
-    """The calling thread starts waiting for ``total`` bytes from global rank ``peer`` (or, with ``call``, inside
-    that blocking MPI call, which ``abort`` can end)."""
-    wait = PeerWait(peer, host, sock, total, call, abort)
+          abort: Optional[Callable[[], None]] = None, sending: bool = False) -> PeerWait:
+    """The calling thread starts waiting for ``total`` bytes from global rank ``peer`` (``sending``: for the kernel
+    to take ``total`` bytes for it; or, with ``call``, inside that blocking MPI call, which ``abort`` can end)."""
+    wait = PeerWait(peer, host, sock, total, call, abort, sending)
+    _board[threading.get_ident()] = wait
+    return wait
+
+
+def hold(wait: PeerWait) -> PeerWait:
+    """The calling thread now waits on ``wait``, made earlier (a send that a helper thread performs)."""
     _board[threading.get_ident()] = wait
     return wait
 

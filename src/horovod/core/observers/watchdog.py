@@ -144,7 +144,8 @@ lifecycle.on_lifecycle(_lifecycle)
 
 def describe(engine: Optional[Engine], wait: peer_waits.PeerWait, now: float, settings: _Settings,
              ending: bool, quiet: Optional[float] = None) -> str:
-    """The report for one stalled receive: what runs, where, for how long, and the state of the silent peer."""
+    """The report for one stalled receive (or send): what runs, where, for how long, and the state of the silent
+    peer."""
     if engine is not None:
         who = f"rank {engine.global_rank} (host {engine.control.host_of(engine.rank)})"
     else:
@@ -156,7 +157,9 @@ def describe(engine: Optional[Engine], wait: peer_waits.PeerWait, now: float, se
         lines.append(_mpi_peers(engine))
         culprit = "the rank that does not answer"
     else:
-        lines = [f"Data plane stalled: {who} has received nothing from rank {wait.peer} for {quiet:.1f} s "
+        silent = (f"could send nothing more to rank {wait.peer} (it takes no more bytes)" if wait.sending
+                  else f"has received nothing from rank {wait.peer}")
+        lines = [f"Data plane stalled: {who} {silent} for {quiet:.1f} s "
                  f"{_collective(engine, now)}. {_transfer(engine, wait)}"]
         lines.append(peer_state.describe(wait.peer, wait.host, peer_waits.peer_pid(wait), sock=wait.sock))
         culprit = f"rank {wait.peer}"
@@ -193,7 +196,9 @@ def _transfer(engine: Optional[Engine], wait: peer_waits.PeerWait) -> str:
         done = min(getattr(engine.backend, "progress", 0), total)
         parts.append(f"The collective moves {total / MIB:.2f} MiB" +
                      (f" and this rank is through {done / MIB:.2f} MiB of it" if done else "") + ".")
-    if wait.total <= 64:
+    if wait.sending:
+        parts.append(f"This send got {wait.done / MIB:.2f} of {wait.total / MIB:.2f} MiB to rank {wait.peer}.")
+    elif wait.total <= 64:
         parts.append(f"This rank waits for rank {wait.peer} at a barrier (its signal that it finished a step).")
     else:
         parts.append(f"This receive got {wait.done / MIB:.2f} of {wait.total / MIB:.2f} MiB from rank {wait.peer}.")
