@@ -16,6 +16,7 @@ from torch import nn
 
 import horovod.torch as hvd
 from tests.support.process_sets import temporary_sets  # (turns dynamic process sets on)
+from tests.support.two_branches import TwoBranches, reference_sgd_step
 
 torch.set_num_threads(1)
 
@@ -136,17 +137,6 @@ def test_state_dict_round_trip_and_continuing():
     assert sorted(again.state_dict()["state"]) == TRAINABLE
 
 
-class TwoBranches(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(11)
-        self.a = nn.Linear(4, 2).double()
-        self.b = nn.Linear(4, 2).double()
-
-    def forward(self, x, use_b):
-        return self.a(x) + (self.b(x) if use_b else 0)
-
-
 def test_parameter_without_gradient_on_some_ranks():
     rank, size = hvd.rank(), hvd.size()
     g = torch.Generator().manual_seed(8)
@@ -156,12 +146,7 @@ def test_parameter_without_gradient_on_some_ranks():
     opt = hvd.ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
     F.mse_loss(model(shard(x, rank), use_b=(rank == 0)), shard(y, rank)).backward()
     opt.step()                                          # must not hang: b is reduced with zeros elsewhere
-    ref = TwoBranches()
-    loss = sum(F.mse_loss(ref(shard(x, r), use_b=(r == 0)), shard(y, r)) for r in range(size)) / size
-    loss.backward()
-    with torch.no_grad():
-        for p in ref.parameters():
-            p -= 0.1 * p.grad
+    ref = reference_sgd_step(x, y, size, PER)
     assert_same_params(model, ref)
     assert_params_equal_across_ranks(model)
 
