@@ -77,29 +77,36 @@ class ControlChannel:
         except Exception:
             pass
 
-    def root_cause(self, own: str) -> str:
+    def root_cause(self, own: str, lost_rank: Optional[int] = None) -> str:
         """The reason to report for a lost peer: an abort message already on its way wins over our own view.
 
         When one rank dies, the ranks that notice first abort and close their sockets, so others may see *those*
         ranks' sockets close and would blame the wrong rank. Every aborting rank sends its reason on the control
-        channel before closing, so we listen there briefly for a better-informed reason.
+        channel before closing, so we listen there briefly for a better-informed reason. The wait ends early
+        when the lost rank's own control socket (``lost_rank``, a global rank) closes with no reason before the
+        close: that rank died, so our own view is the root cause and nobody will send a better one.
         """
         socks = dict(self.socks)
+        lost = self.ranks.index(lost_rank) if lost_rank in self.ranks else None
         deadline = time.monotonic() + ABORT_REASON_WAIT_SECONDS
         selector = selectors.DefaultSelector()
         try:
             for peer, sock in socks.items():
                 selector.register(sock, selectors.EVENT_READ, peer)
             while socks and time.monotonic() < deadline:
+                lost_closed = False
                 for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
                     try:
                         msg = wire.recv_msg(key.fileobj)
                     except (OSError, ValueError, wire.PeerClosedError):
+                        lost_closed = lost_closed or key.data == lost
                         selector.unregister(key.fileobj)
                         socks.pop(key.data, None)
                         continue
                     if msg and msg[0] == "A":
-                        return msg[1]
+                        return msg[1]       # a reason that arrived with the close still wins
+                if lost_closed:
+                    return own
         finally:
             selector.close()
         return own

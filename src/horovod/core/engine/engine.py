@@ -350,7 +350,7 @@ class Engine:
                 loops.worker_loop(self)
         except PeerLostError as exc:
             self._aborting()
-            self._abort(self.stall_reason or self.control.root_cause(str(exc)))
+            self._abort(self.stall_reason or self.control.root_cause(str(exc), exc.global_rank))
         except HorovodInternalError as exc:
             self._aborting()
             self._abort(str(exc))
