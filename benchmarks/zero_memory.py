@@ -8,9 +8,11 @@ For each rank count of ``--np`` (default 2,4), under this project's horovodrun, 
 - peak RSS per rank (``ru_maxrss``) of each optimizer, each in a fresh job of its own;
 - the median time of a training iteration (zero_grad, forward, backward, step) and of ``step()`` alone, with
   both optimizers in one job, timed in alternating windows (goal: ZeRO at most 1.1 x DistributedOptimizer);
-- with ``--jax``, the optax state bytes per rank of ``horovod.jax.ZeroRedundancyOptimizer(optax.adam)``.
+- with ``--jax``, the optax state bytes per rank of ``horovod.jax.ZeroRedundancyOptimizer(optax.adam)``;
+- with ``--keras``, the Adam variables' bytes per rank of ``horovod.tensorflow.keras.ZeroRedundancyOptimizer``
+  (Keras 3 on TensorFlow, the same shapes as ``keras.layers.Dense``).
 
-    python benchmarks/zero_memory.py [--np 2,4] [--width 2048 --depth 6] [--jax] [--json out.json]
+    python benchmarks/zero_memory.py [--np 2,4] [--width 2048 --depth 6] [--jax] [--keras] [--json out.json]
 """
 from __future__ import annotations
 
@@ -80,11 +82,13 @@ def report(results: Dict[int, Dict[str, Optional[dict]]]) -> List[str]:
         lines.append(f"| {np} | {d * 1e3:.0f} ms | {z * 1e3:.0f} ms | {z / d:.2f} | "
                      f"{'MET' if z <= 1.1 * d else 'NOT MET'} | {t['step_s']['dist'] * 1e3:.0f} ms; "
                      f"{t['step_s']['zero'] * 1e3:.0f} ms | {t['max_param_difference']:.1e} |")
-    jax_rows = [(np, res["jax"]) for np, res in results.items() if res.get("jax")]
-    if jax_rows:
-        lines += ["", "| ranks | JAX: optax.adam state MiB | ZeroRedundancyOptimizer state MiB per rank (max; min) | "
+    for key, title in (("jax", "JAX: optax.adam"), ("keras", "Keras: keras.optimizers.Adam")):
+        rows = [(np, res[key]) for np, res in results.items() if res.get(key)]
+        if not rows:
+            continue
+        lines += ["", f"| ranks | {title} state MiB | ZeroRedundancyOptimizer state MiB per rank (max; min) | "
                   "max / unsharded |", "|---|---|---|---|"]
-        for np, j in jax_rows:
+        for np, j in rows:
             zero = [r["zero"] for r in j["ranks"]]
             plain = j["ranks"][0]["plain"]
             lines.append(f"| {np} | {plain / MIB:.1f} | {max(zero) / MIB:.1f}; {min(zero) / MIB:.1f} | "
@@ -102,6 +106,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=6, help="timed windows per optimizer")
     parser.add_argument("--steps", type=int, default=3, help="iterations per window")
     parser.add_argument("--jax", action="store_true", help="also the JAX state bytes")
+    parser.add_argument("--keras", action="store_true", help="also the Keras (TensorFlow) state bytes")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per job")
     parser.add_argument("--deadline", type=float, default=3600, help="seconds for the whole run")
@@ -110,7 +115,7 @@ def main() -> None:
     model_args = ["--width", str(opts.width), "--depth", str(opts.depth), "--batch", str(opts.batch),
                   "--windows", str(opts.windows), "--steps", str(opts.steps)]
     deadline = Deadline(opts.deadline)
-    modes = ["memory-dist", "memory-zero", "time"] + (["jax"] if opts.jax else [])
+    modes = ["memory-dist", "memory-zero", "time"] + (["jax"] if opts.jax else []) + (["keras"] if opts.keras else [])
     results: Dict[int, Dict[str, Optional[dict]]] = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,9 @@ Modes (rank 0 writes the JSON):
   iteration (zero_grad, forward, backward, step), and of ``step()`` alone.
 - ``jax``: the optax state bytes per rank of ``horovod.jax.ZeroRedundancyOptimizer(optax.adam)`` against
   ``optax.adam`` on the same shapes, and one jitted update of each (that it runs; not timed).
+- ``keras``: the same for Keras 3 on TensorFlow: the bytes of the Adam variables (``optimizer.variables`` with a
+  shape) of ``horovod.tensorflow.keras.ZeroRedundancyOptimizer(keras.optimizers.Adam)`` against a plain Adam's,
+  each after one applied step (not timed).
 """
 from __future__ import annotations
 
@@ -143,9 +146,36 @@ def jax_state(args: argparse.Namespace) -> Dict[str, Any]:
             "ranks": hvd.allgather_object(out, name="zero_step.jax")}
 
 
+def keras_state(args: argparse.Namespace) -> Dict[str, Any]:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    layers = [keras.Input((args.inputs,))] + [keras.layers.Dense(b) for _, b in
+                                                 layer_dims(args.width, args.depth, args.inputs, args.outputs)]
+    model = keras.Sequential(layers)
+    variables = model.trainable_variables
+
+    def nbytes(opt) -> int:
+        return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in opt.variables if len(v.shape))
+
+    out = {}
+    for kind, opt in (("zero", hvd.ZeroRedundancyOptimizer(keras.optimizers.Adam(1e-4))),
+                      ("plain", keras.optimizers.Adam(1e-4))):
+        opt.apply([tf.ones_like(v) for v in variables], variables)
+        out[kind] = nbytes(opt)
+        del opt
+    return {"params": sum(int(np.prod(v.shape)) for v in variables),
+            "ranks": hvd_tf.allgather_object(out, name="zero_step.keras")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["memory-zero", "memory-dist", "time", "jax"])
+    parser.add_argument("mode", choices=["memory-zero", "memory-dist", "time", "jax", "keras"])
     parser.add_argument("out")
     parser.add_argument("--width", type=int, default=1536)
     parser.add_argument("--depth", type=int, default=12)
@@ -162,6 +192,11 @@ def main() -> None:
 
         hvd_jax.init()
         result, rank = jax_state(args), hvd_jax.rank()
+    elif args.mode == "keras":
+        import horovod.tensorflow.keras as hvd_keras
+
+        hvd_keras.init()
+        result, rank = keras_state(args), hvd_keras.rank()
     else:
         import torch
 

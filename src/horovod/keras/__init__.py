@@ -13,6 +13,7 @@ from horovod._keras import api as _api
 from horovod._keras import values as _values
 from horovod._keras.compression import Compression
 from horovod._keras.loading import load_model as _load_model
+from horovod._keras.zero_optimizer import create_zero_optimizer as _create_zero_optimizer
 from horovod.common.types import Average, ReduceOp
 from horovod.core import ops as _ops
 from horovod.core.api import *  # noqa: F403  (the op layer's public names)
@@ -50,6 +51,14 @@ def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_de
                                               sparse_as_dense, gradient_predivide_factor, op,
                                               backward_passes_per_step, average_aggregated_gradients, groups,
                                               process_set, local_layers, scale_local_gradients)
+
+
+def ZeroRedundancyOptimizer(optimizer, process_set: ProcessSet = global_process_set, backward_passes_per_step: int = 1,
+                            average_aggregated_gradients: bool = False, name: Optional[str] = None):
+    """ZeRO-1: wrap a Keras 3 optimizer (TensorFlow backend) so that each rank of ``process_set`` keeps the state
+    of only the variables it owns; the variables end as with ``DistributedOptimizer``. See docs/zero.md."""
+    return _create_zero_optimizer(optimizer, process_set, backward_passes_per_step, average_aggregated_gradients,
+                                  name)
 
 
 def allreduce(value, name: Optional[str] = None, average: bool = True, prescale_factor: float = 1.0,

@@ -16,6 +16,7 @@ from horovod.core.api import *  # noqa: F403  (the op layer's public names)
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.keras import (  # noqa: F401  (the same functions: Horovod's Compression classes are interchangeable)
     PartialDistributedOptimizer,
+    ZeroRedundancyOptimizer,
     allgather,
     broadcast,
     broadcast_global_variables,
