@@ -25,6 +25,7 @@ import keras
 
 from horovod._keras import backend_ops
 from horovod.common import config
+from horovod.common.compression import NoneCompressor, PowerSGDCompressor, check_powersgd_op
 from horovod.common.gradient_groups import Groups, allreduce_in_groups, check_groups, scale_factors
 from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.core.process_sets import ProcessSet, global_process_set
@@ -49,6 +50,7 @@ class _Settings:
     scale_local_gradients: bool
     gradient_predivide_factor: float = 1.0
     local_ids: Set[int] = field(default_factory=set)
+    powersgd: Any = None    # this optimizer's horovod.tensorflow.powersgd.PowerSGDState (TensorFlow backend)
 
 
 def _check_op(op: ReduceOp, average_aggregated_gradients: bool) -> ReduceOp:
@@ -102,14 +104,58 @@ def _reduce_gradients(s: _Settings, grads: List[Any], variables: Optional[List[A
         return out
     carrier = [backend_ops.presence_check([grads[i] for i in shared], None if variables is None else
                                           [variables[i] for i in shared], s.name, s.process_set, KERAS_REMEDY)]
-    if not dense:
+    if not dense or s.powersgd is not None:
         backend_ops.check_alone(carrier.pop())
+    if s.powersgd is not None:
+        if sparse:
+            from horovod.common.gradient_presence import label
+            from horovod.tensorflow.powersgd import refuse_sparse
+
+            i = sparse[0]
+            raise refuse_sparse(label(None if variables is None else variables[i], i))
+        if dense:
+            _powersgd_reduce(s, out, dense, variables)
+        return out
     allreduce_in_groups(out, dense, variables, s.groups, s.compression, lambda tensors, name: (
         backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set,
                                       carrier.pop() if carrier else None)), s.name)
     for i in sparse:
         out[i] = backend_ops.sparse_allreduce(grads[i], f"{s.name}.sparse.{i}", s.op, s.process_set)
     return out
+
+
+def _check_powersgd_backend(compression: Any) -> None:
+    """PowerSGD's state and arithmetic are TensorFlow's (horovod.tensorflow.powersgd): refuse other backends."""
+    if isinstance(compression, PowerSGDCompressor) and backend_ops.backend() != "tensorflow":
+        raise ValueError(f"Compression.powersgd in horovod.keras works on the TensorFlow Keras backend only, not "
+                         f"{backend_ops.backend()!r}: set KERAS_BACKEND=tensorflow, or use "
+                         "horovod.torch.DistributedOptimizer or horovod.jax.DistributedOptimizer (both support "
+                         "PowerSGD) in a custom training loop, or Compression.none, fp16 or bf16 here.")
+
+
+def _powersgd_reduce(s: _Settings, out: List[Any], dense: List[int], variables: Optional[List[Any]]) -> None:
+    """``out[i]`` for ``i`` in ``dense`` reduced by PowerSGD (horovod.tensorflow.powersgd; ``groups`` apply to
+    the gradients it does not compress)."""
+    from horovod.tensorflow.gradient_tape import _key
+
+    dense_vars = None if variables is None else [variables[i] for i in dense]
+
+    def grouped(tensors: List[Any], name: str) -> List[Any]:
+        return backend_ops.grouped_allreduce(tensors, name, s.op, s.prescale, s.postscale, s.process_set)
+
+    def summed(tensors: List[Any], name: str) -> List[Any]:
+        return backend_ops.grouped_allreduce(tensors, name, Sum, 1.0, 1.0, s.process_set)
+
+    def plain(tensors: List[Any], positions: List[int]) -> List[Any]:
+        tensors = list(tensors)
+        allreduce_in_groups(tensors, positions, dense_vars, s.groups, NoneCompressor, grouped, s.name)
+        return tensors
+
+    keys = [_key(v) for v in dense_vars] if dense_vars is not None else [
+        (i, tuple(out[i].shape)) for i in dense]
+    reduced = s.powersgd.reduce([out[i] for i in dense], keys, plain, grouped, summed, s.name)
+    for i, r in zip(dense, reduced):
+        out[i] = r
 
 
 def _distributed_class(base: type, settings: _Settings) -> type:
@@ -122,6 +168,18 @@ def _distributed_class(base: type, settings: _Settings) -> type:
             super().__init__(*args, **kwargs)
             settings = type(self)._hvd_settings
             self._hvd = replace(settings, local_ids=set(settings.local_ids))
+            if isinstance(settings.compression, PowerSGDCompressor):
+                _check_powersgd_backend(settings.compression)
+                from horovod.tensorflow.powersgd import PowerSGDState
+
+                self._hvd.powersgd = PowerSGDState(settings.compression, settings.name)
+
+        @property
+        def powersgd_state(self) -> Any:
+            """PowerSGD's state (``horovod.tensorflow.powersgd.PowerSGDState``: ``variables()``, ``reset()``),
+            or None without ``Compression.powersgd``. Not among the optimizer's variables (see
+            docs/compression.md)."""
+            return self._hvd.powersgd
 
         def register_local_var(self, var: Any) -> None:
             """Keep ``var``'s gradient local to this rank (not allreduced)."""
@@ -196,6 +254,7 @@ def settings_for(name: Optional[str] = None, compression: Any = None, sparse_as_
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     op = _check_op(op, average_aggregated_gradients)
+    check_powersgd_op(compression, op)
     prescale, postscale = scale_factors(op, gradient_predivide_factor)
     return _Settings(name=name or "DistributedOptimizer", compression=compression or Compression.none,
                      sparse_as_dense=sparse_as_dense, op=op, prescale=prescale, postscale=postscale,
@@ -230,6 +289,7 @@ def create_distributed_optimizer(optimizer: Any, local_layers: Optional[Iterable
                          f"tf-keras (Keras 2) optimizer, got {type(optimizer).__name__}. For "
                          "tf.compat.v1.train optimizers use horovod.tensorflow.DistributedOptimizer.")
     settings["name"] = settings.get("name") or f"Distributed{type(optimizer).__name__}"
+    _check_powersgd_backend(settings.get("compression"))
     resolved = settings_for(**settings)
     for layer in local_layer_list(local_layers):
         resolved.local_ids.update(id(v) for v in layer.trainable_weights)

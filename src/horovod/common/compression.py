@@ -1,7 +1,8 @@
 """The compression schemes shared by the framework bindings. A cast compressor sends floating-point tensors as a
 narrower wire dtype and restores them after the allreduce; each binding supplies three framework hooks.
 PowerSGD's settings (:class:`PowerSGDCompressor`) are framework-free too; its algorithm is each binding's
-(``horovod/torch/powersgd.py``, ``horovod/jax/powersgd.py``)."""
+(``horovod/torch/powersgd.py``, ``horovod/jax/powersgd.py``,
+``horovod/tensorflow/powersgd.py``)."""
 from __future__ import annotations
 
 import dataclasses

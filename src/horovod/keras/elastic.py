@@ -8,6 +8,7 @@ loop and the protocol.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, List
 
 import keras
@@ -37,6 +38,11 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
 def _reset() -> None:
     basics.shutdown()
     basics.init()
+    # PowerSGD's state (the TensorFlow backend's, loaded only with it) starts again on every rank, so that
+    # survivors and new ranks agree on its step count and Qs.
+    powersgd = sys.modules.get("horovod.tensorflow.powersgd")
+    if powersgd is not None:
+        powersgd.reset_all_states()
 
 
 def _to_numpy(variable: Any) -> np.ndarray:

@@ -12,6 +12,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core import basics
+from horovod.tensorflow import powersgd
 from horovod.tensorflow.functions import broadcast_object, broadcast_object_fn, broadcast_variables
 from horovod.tensorflow.util import _executing_eagerly
 
@@ -49,6 +50,7 @@ def graph_errors_as_internal(func: Callable[..., Any]) -> Callable[..., Any]:
 def _reset() -> None:
     basics.shutdown()
     basics.init()
+    powersgd.reset_all_states()     # survivors and new ranks start PowerSGD from the same step and Qs
 
 
 def _optimizer_variables(optimizer) -> List[tf.Variable]:

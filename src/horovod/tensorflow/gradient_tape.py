@@ -14,10 +14,13 @@ from typing import Callable, List, Optional, Sequence
 import tensorflow as tf
 
 from horovod.common import config
+from horovod.common.compression import PowerSGDCompressor, check_powersgd_op
 from horovod.common.gradient_groups import allreduce_in_groups, check_groups, scale_factors
-from horovod.common.types import Adasum, Average, ReduceOp
+from horovod.common.gradient_presence import label
+from horovod.common.types import Adasum, Average, ReduceOp, Sum
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.tensorflow import overlap
+from horovod.tensorflow import powersgd as _powersgd
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.mpi_ops import _grouped_allreduce, _set_size, collective_chain
 from horovod.tensorflow.none_gradients import TAPE_REMEDY, check_node, grouped_allreduce_checked, host_check
@@ -34,20 +37,33 @@ def _key(source):
 
 def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: ReduceOp,
                              gradient_predivide_factor: float, groups, process_set: ProcessSet,
-                             remedy: str = TAPE_REMEDY):
+                             remedy: str = TAPE_REMEDY, powersgd_state: Optional[_powersgd.PowerSGDState] = None):
     """grads (and their variables) -> reduced grads. Dense grads of one group go out as one grouped allreduce
     (one fused exchange; with HOROVOD_TF_OVERLAP_BYTES, inside a tf.function, large ones start alone as soon as
     they exist, see ``overlap``); IndexedSlices go as two allgathers, after them. First the ranks check that
-    the same gradients are None everywhere (``none_gradients``; ``remedy`` ends its error)."""
+    the same gradients are None everywhere (``none_gradients``; ``remedy`` ends its error).
+
+    With ``compression=Compression.powersgd(...)`` the dense gradients go through ``horovod.tensorflow.powersgd``
+    with ``powersgd_state`` (an optimizer's own), or by default the process-wide state of ``name`` and the
+    process set (a tape is made anew every step); Adasum and sparse gradients (without ``sparse_as_dense``) are
+    refused."""
     from horovod.tensorflow import allreduce  # the public one (handles IndexedSlices and compression)
 
     op = ReduceOp(op)
+    check_powersgd_op(compression, op)
     prescale, postscale = scale_factors(op, gradient_predivide_factor)
+    powersgd = isinstance(compression, PowerSGDCompressor)
+    if powersgd and powersgd_state is None:
+        powersgd_state = _powersgd.shared_state(compression, name, process_set.ranks or ())
 
     def reduce_grads(grads: List, variables: Optional[List]) -> List:
         grads = list(grads)
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        elif powersgd:
+            for i, g in enumerate(grads):
+                if isinstance(g, tf.IndexedSlices):
+                    raise _powersgd.refuse_sparse(label(None if variables is None else variables[i], i))
         # As upstream's _allreduce_cond: nothing to exchange in a set of one rank, and a rank outside the set
         # keeps its own gradients. Not in an elastic job (as torch's optimizer): a tf.function traced at size 1
         # keeps its graph after the job grows, and would never allreduce again.
@@ -70,7 +86,10 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
         # starts of HOROVOD_TF_OVERLAP_BYTES, which must depend on their gradient alone (see none_gradients).
         check = host_check(grads, variables, base, process_set, who=name, remedy=remedy)
         dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
-        if not groups and op != Adasum and overlap.usable():   # HOROVOD_TF_OVERLAP_BYTES set
+        if powersgd and dense:
+            check_node(check)    # its own node: the collectives below are in one of two tf.cond branches
+            _powersgd_reduce(out, dense, variables, base)
+        elif not groups and op != Adasum and overlap.usable():   # HOROVOD_TF_OVERLAP_BYTES set
             if dense:
                 _as_ready(out, dense, base)
         elif dense:
@@ -90,6 +109,24 @@ def _make_allreduce_grads_fn(name: str, compression, sparse_as_dense: bool, op: 
                 out[i] = allreduce(g, op=op, name=f"{base}.sparse.{i}", ignore_name_scope=True,
                                    process_set=process_set)
         return out
+
+    def _powersgd_reduce(out: List, dense: List[int], variables: Optional[List], base: str) -> None:
+        """The dense gradients ``out[i]`` (``i`` in ``dense``) reduced by PowerSGD (``groups`` apply to those it
+        does not compress)."""
+        def plain(tensors: List, positions: List[int]) -> List:
+            tensors = list(tensors)
+            allreduce_in_groups(tensors, positions, None if variables is None else [variables[i] for i in dense],
+                                groups, Compression.none, _grouped, base, key=_key)
+            return tensors
+
+        def summed(tensors: List, group_name: str) -> List:
+            return _grouped_allreduce(tensors, name=group_name, op=Sum, ignore_name_scope=True,
+                                      process_set=process_set)
+
+        keys = [_key(variables[i]) if variables is not None else (i, tuple(out[i].shape.as_list())) for i in dense]
+        reduced = powersgd_state.reduce([out[i] for i in dense], keys, plain, _grouped, summed, base)
+        for i, r in zip(dense, reduced):
+            out[i] = r
 
     def _as_ready(out: List, dense: List[int], base: str) -> None:
         """Without groups, in a tf.function, with HOROVOD_TF_OVERLAP_BYTES set: each large dense gradient its

@@ -13,6 +13,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from horovod.common.compression import PowerSGDCompressor, check_powersgd_op
 from horovod.common.gradient_groups import check_predivide
 from horovod.common.types import Adasum, Average, ReduceOp
 from horovod.core.process_sets import ProcessSet, global_process_set
@@ -21,6 +22,7 @@ from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, reduce_global_keep_local
 from horovod.tensorflow.mpi_ops import rank
+from horovod.tensorflow.powersgd import PowerSGDState
 
 log = logging.getLogger("horovod.tensorflow")
 
@@ -42,9 +44,12 @@ class _DistributedOptimizer(_LegacyOptimizer):
             name = f"Distributed{type(optimizer).__name__}"
         super().__init__(name=name, use_locking=use_locking)
         self._optimizer = optimizer
+        # PowerSGD's state (horovod.tensorflow.powersgd) is this optimizer's own; not in its variables().
+        self.powersgd_state = (PowerSGDState(compression, name) if isinstance(compression, PowerSGDCompressor)
+                               else None)
         self._allreduce_grads = _make_allreduce_grads_fn(name, compression, sparse_as_dense, op,
                                                          gradient_predivide_factor, groups, process_set,
-                                                         remedy=_REMEDY)
+                                                         remedy=_REMEDY, powersgd_state=self.powersgd_state)
         self._local_vars: set = set()
         self.process_set = process_set
         self.scale_local_gradients = scale_local_gradients
@@ -135,6 +140,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, use_locking: boo
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step}")
     check_predivide(op, gradient_predivide_factor)
+    check_powersgd_op(compression, ReduceOp(op))
     if ReduceOp(op) == Adasum and average_aggregated_gradients:
         raise ValueError("Adasum does not support average_aggregated_gradients == True")
     if isinstance(optimizer, _LegacyOptimizer):

@@ -30,10 +30,12 @@ import tensorflow as tf
 from horovod._keras.flavor import tf_keras
 from horovod._keras.keras2 import session
 from horovod._keras.optimizer import KERAS_REMEDY, _Settings, local_layer_list, settings_for
+from horovod.common.compression import PowerSGDCompressor
 from horovod.tensorflow.compression import Compression as _TFCompression
 from horovod.tensorflow.gradient_aggregation import LocalGradientAggregationHelper
 from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, reduce_global_keep_local
 from horovod.tensorflow.mpi_ops import rank
+from horovod.tensorflow.powersgd import PowerSGDState
 
 _TF_COMPRESSORS = {"float16": _TFCompression.fp16, "bfloat16": _TFCompression.bf16}
 
@@ -76,9 +78,13 @@ class _State:
     def __init__(self, settings: _Settings):
         self.settings = settings
         self.local_keys: set = set()
+        # PowerSGD's state (horovod.tensorflow.powersgd), this optimizer's own; not in its variables.
+        self.powersgd_state = (PowerSGDState(settings.compression, settings.name)
+                               if isinstance(settings.compression, PowerSGDCompressor) else None)
         self.allreduce_grads = _make_allreduce_grads_fn(
             settings.name, tf_compression(settings.compression), settings.sparse_as_dense, settings.op,
-            settings.gradient_predivide_factor, settings.groups, settings.process_set, remedy=KERAS_REMEDY)
+            settings.gradient_predivide_factor, settings.groups, settings.process_set, remedy=KERAS_REMEDY,
+            powersgd_state=self.powersgd_state)
         self.helper: Optional[LocalGradientAggregationHelper] = None
         if settings.backward_passes_per_step > 1:
             self.helper = LocalGradientAggregationHelper(
