@@ -2,7 +2,9 @@
 
 Runs this project's engine under its own ``horovodrun``, and, when installed, raw mpi4py under Open MPI's
 ``mpirun`` and torch.distributed Gloo under ``torchrun``, on the same sizes (4 B to 256 MB), ops (allreduce,
-allgather, broadcast) and rank count. It also times the ResNet-18-sized step: 53 gradients (46 MB)
+allgather, broadcast, reducescatter) and rank count. Each op is the call ``python -m horovod.bench`` times
+(``horovod.bench.peers``), with the same timing loop (``horovod.bench.timing``); this script adds what one
+launch cannot: each peer under its own launcher, alternated repeats, and the ResNet-18-sized step. It also times the ResNet-18-sized step: 53 gradients (46 MB)
 allreduced asynchronously, then synchronized, against one raw mpi4py Allreduce of the same 46 MB.
 With ``--adasum`` it also times a 64 MB float32 Adasum allreduce against a Sum allreduce of the same size,
 alternating in the same run (this project only; docs/adasum.md).
@@ -30,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.jobs import run_job  # noqa: E402
 from benchmarks.workers.timing import OPS, SIZES  # noqa: E402
+from horovod.bench.report import BUS_FACTOR  # noqa: E402  (nccl-tests' factors, as `python -m horovod.bench`)
 
 log = logging.getLogger("benchmarks.collectives")
-BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 
 
 def _env() -> Dict[str, str]:
@@ -207,7 +209,7 @@ def figures(results: Dict[str, dict]) -> List[str]:
 
 def plot(results: Dict[str, dict], path: str, np: int) -> None:
     """algbw vs size per op and peer (log-log), one panel per op."""
-    from benchmarks.plotting import algbw_panels
+    from horovod.bench.plot import algbw_panels
 
     series = {op: [(peer, [(int(s), int(s) / t / 1e9) for s, t in data["results"].get(op, {}).items()], {})
                    for peer, data in results.items()] for op in OPS}

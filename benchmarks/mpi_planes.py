@@ -107,7 +107,7 @@ def figures(results: dict) -> List[str]:
 
 def plot(results: dict, path: str) -> None:
     """algbw vs size per op: each plane and raw MPI."""
-    from benchmarks.plotting import algbw_panels
+    from horovod.bench.plot import algbw_panels
 
     def points(plane: str, op: str, key: str):
         return [(int(k), int(k) / v[key] / 1e9) for k, v in results["planes"][plane]["ops"][op].items()]

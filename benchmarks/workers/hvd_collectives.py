@@ -6,7 +6,17 @@ import sys
 import numpy as np
 
 import horovod.numpy as hvd
-from benchmarks.workers.timing import SIZES, iterations, measure, resnet18_shapes, sweep, time_step, write
+from benchmarks.workers.timing import (
+    OPS,
+    SIZES,
+    iterations,
+    measure,
+    resnet18_shapes,
+    sweep,
+    time_step,
+    write,
+)
+from horovod.bench.peers import HorovodPeer
 from horovod.core import ops
 
 ADASUM_BYTES = 64 << 20
@@ -25,25 +35,12 @@ def adasum_vs_sum(barrier, nbytes: int = ADASUM_BYTES) -> dict:
     return {"bytes": nbytes, **{op: sorted(times)[1] for op, times in samples.items()}}
 
 
-def blocking_allreduce(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """A blocking Sum allreduce as ``hvd.allreduce_`` makes it (small ones may take a fast round), into ``out``."""
-    with ops.blocking():
-        return ops.allreduce_async(x, out, name="bench.ar", op=hvd.Sum).wait()
-
-
 def main(out: str, sizes, adasum: bool = False) -> None:
-    hvd.init()
-    n, rank = hvd.size(), hvd.rank()
+    peer = HorovodPeer()             # horovod.bench's calls: the same ones `python -m horovod.bench` times
+    n, rank = peer.size, peer.rank
+
     def make_runs(nbytes: int):
-        count = max(1, nbytes // 4)
-        x = np.ones(count, np.float32)
-        out_buf = np.empty_like(x)
-        part = np.ones(max(1, count // n), np.float32)
-        return {
-            "allreduce": lambda: blocking_allreduce(x, out_buf),
-            "allgather": lambda: ops.allgather_async(part, name="bench.ag").wait(),
-            "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait(),
-        }
+        return {op: peer.runs(op, nbytes) for op in OPS}
 
     def agree(vals):
         return hvd.broadcast_object(vals, 0, name="bench.agree")

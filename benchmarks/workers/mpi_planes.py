@@ -11,11 +11,12 @@ import numpy as np
 from mpi4py import MPI
 
 import horovod.numpy as hvd
-from benchmarks.workers.mpi_collectives import raw_runs
 from benchmarks.workers.timing import OPS, SIZES, iterations, measure, write
+from horovod.bench.peers import Mpi4pyPeer
 from horovod.core import basics, ops
 
 PLANES = {"mpi": "mpi", "shm": "shm", "default": ""}
+_MPI = Mpi4pyPeer()          # raw mpi4py calls, as horovod.bench times them
 STREAM_DEPTH = 8
 
 
@@ -26,10 +27,11 @@ def _runs(comm, nbytes: int) -> Dict[str, Dict[str, Callable[[], None]]]:
     y = np.empty_like(x)
     part = np.ones(max(1, count // n), np.float32)
     return {
-        "raw": raw_runs(comm, nbytes),
+        "raw": {op: _MPI.runs(op, nbytes) for op in OPS},
         "engine": {"allreduce": lambda: ops.allreduce_async(x, y, name="bench.ar", op=hvd.Sum).wait(),
                    "allgather": lambda: ops.allgather_async(part, name="bench.ag").wait(),
-                   "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait()},
+                   "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name="bench.bc").wait(),
+                   "reducescatter": lambda: ops.reducescatter_async(x, name="bench.rs", op=hvd.Sum).wait()},
     }
 
 

@@ -1,4 +1,5 @@
-"""Shared timing loop for the collective benchmarks: every peer is measured the same way.
+"""The repo benchmarks' sweep over sizes and ops, on the timing loop of ``horovod.bench.timing`` (the same one
+``python -m horovod.bench`` uses): every peer is measured the same way.
 
 Two environment knobs shorten a sweep for a run on a time budget (``benchmarks/device_scaling.py``); unset, the
 counts are the fixed ones below:
@@ -13,80 +14,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
+
+from horovod.bench.timing import Agree, iterations, measure, measure_within
 
 SIZES = [4, 64, 1024, 4096, 16 * 1024, 64 * 1024, 256 * 1024, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
-OPS = ["allreduce", "allgather", "broadcast"]
+OPS = ["allreduce", "allgather", "broadcast", "reducescatter"]
 STEP_SHAPES: List[tuple] = []
 OP_BUDGET_S = float(os.environ.get("BENCH_OP_BUDGET_S") or 0)
 STEP_ITERS = int(os.environ.get("BENCH_STEP_ITERS") or 10)
-REPEATS = 3
-
-# A broadcast from rank 0 of a short list of ints, in the peer's own library: every rank gets rank 0's list.
-Agree = Callable[[List[int]], List[int]]
-
-
-def iterations(nbytes: int) -> int:
-    """Enough repetitions for a stable figure without making the run long."""
-    if nbytes <= 64 * 1024:
-        return 2000
-    if nbytes <= 1 << 20:
-        return 300
-    if nbytes <= 16 << 20:
-        return 30
-    return 6
-
-
-def measure(run: Callable[[], None], barrier: Callable[[], None], n: int, repeats: int = 3) -> float:
-    """Median over ``repeats`` of the mean time per call over ``n`` calls (seconds), after a warm-up."""
-    for _ in range(max(3, n // 10)):
-        run()
-    return _median_per_call(run, barrier, n, repeats)
-
-
-def _median_per_call(run: Callable[[], None], barrier: Callable[[], None], n: int, repeats: int) -> float:
-    """Median over ``repeats`` barrier-aligned timings of ``n`` calls, as seconds per call."""
-    samples = []
-    for _ in range(repeats):
-        barrier()
-        start = time.perf_counter()
-        for _ in range(n):
-            run()
-        samples.append((time.perf_counter() - start) / n)
-    samples.sort()
-    return samples[len(samples) // 2]
-
-
-def plan_calls(once: float, n_max: int, budget_s: float, repeats: int = REPEATS) -> Tuple[int, int]:
-    """(calls per repeat, repeats) that fit ``budget_s`` when one call takes ``once`` seconds."""
-    if once * repeats >= budget_s:
-        return 1, max(1, min(repeats, int(budget_s / max(once, 1e-9))))
-    return max(1, min(n_max, int(budget_s / (repeats * max(once, 1e-9))))), repeats
-
-
-def measure_within(run: Callable[[], None], barrier: Callable[[], None], n_max: int, budget_s: float,
-                   agree: Agree) -> Tuple[float, int]:
-    """Like ``measure``, with as many calls as fit ``budget_s``; returns (seconds per call, calls per repeat).
-
-    After one untimed call (allocations, connections), batches of 1, 2, 4, ... calls are timed (they are the
-    warm-up) until they have taken a quarter of the budget together (or one call alone a third of it: a large
-    op), or a batch reaches a tenth of ``n_max``; rank 0's time of the last batch, agreed by every rank, sets
-    the calls per repeat (``plan_calls``), so that every rank makes as many. Slow first calls (connections
-    set up lazily, a rank descheduled) thus do not decide the count."""
-    run()
-    batch, spent = 1, 0.0
-    while True:
-        barrier()
-        start = time.perf_counter()
-        for _ in range(batch):
-            run()
-        elapsed = agree([int((time.perf_counter() - start) * 1e9)])[0] / 1e9
-        spent += elapsed
-        if (batch == 1 and elapsed >= budget_s / 3) or spent >= budget_s / 4 or batch * 2 > max(1, n_max // 10):
-            break
-        batch *= 2
-    n, repeats = plan_calls(elapsed / batch, n_max, budget_s)
-    return _median_per_call(run, barrier, n, repeats), n
 
 
 def sweep(peer: str, sizes, make_runs: Callable[[int], Dict[str, Callable[[], None]]],

@@ -2,37 +2,18 @@
 from __future__ import annotations
 
 import sys
-from typing import List
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.workers.timing import SIZES, resnet18_shapes, sweep, time_step, write
-
-
-def agree(vals: List[int]) -> List[int]:
-    """Rank 0's ``vals`` on every rank (a Gloo broadcast)."""
-    t = torch.tensor(vals, dtype=torch.int64)
-    dist.broadcast(t, 0)
-    return [int(v) for v in t.tolist()]
+from benchmarks.workers.timing import OPS, SIZES, resnet18_shapes, sweep, time_step, write
+from horovod.bench.peers import GlooPeer
 
 
 def main(out: str, sizes) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    n, rank = dist.get_world_size(), dist.get_rank()
-    def make_runs(nbytes: int):
-        count = max(1, nbytes // 4)
-        x = torch.ones(count)
-        part = torch.ones(max(1, count // n))
-        gathered = [torch.empty_like(part) for _ in range(n)]
-        return {
-            "allreduce": lambda: dist.all_reduce(x),
-            "allgather": lambda: dist.all_gather(gathered, part),
-            "broadcast": lambda: dist.broadcast(x, 0),
-        }
-
-    rows = sweep("torch-gloo", sizes, make_runs, dist.barrier, rank, n, agree=agree)
+    peer = GlooPeer()                # horovod.bench's calls (joined from torchrun's environment)
+    rows = sweep("torch-gloo", sizes, lambda nbytes: {op: peer.runs(op, nbytes) for op in OPS}, peer.barrier,
+                 peer.rank, peer.size, agree=peer.agree)
     grads = [torch.ones(s) for s in resnet18_shapes()]
 
     def step() -> None:
@@ -40,12 +21,12 @@ def main(out: str, sizes) -> None:
         for w in works:
             w.wait()
 
-    step_s = time_step(step, dist.barrier, agree)
+    step_s = time_step(step, dist.barrier, peer.agree)
     if step_s is not None:
         rows["step_53"] = step_s
-    if rank == 0:
+    if peer.rank == 0:
         write(out, rows)
-    dist.destroy_process_group()
+    peer.close()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""One PNG with an algbw-vs-size panel per collective (log-log), shared by the benchmark scripts."""
+"""One PNG with an algbw-vs-size panel per collective (log-log): ``python -m horovod.bench --plot`` and the
+repo's benchmark scripts draw with it."""
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
@@ -15,7 +16,8 @@ def algbw_panels(series: Series, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     ops = list(series)
-    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), sharey=True)
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), sharey=True, squeeze=False)
+    axes = axes[0]
     for ax, op in zip(axes, ops):
         for label, points, style in series[op]:
             points = sorted(points)
