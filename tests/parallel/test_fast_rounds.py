@@ -66,6 +66,46 @@ def test_a_slot_sized_op_goes_fast_and_a_larger_one_does_not():
     _expect_fast(before + (1 if _fast() is not None else 0), 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_broadcast_from_every_root_goes_fast(dtype):
+    rank, size = hvd.rank(), hvd.size()
+    for root in range(size):
+        x = (np.arange(24).reshape(4, 6) + 100 * rank).astype(dtype)
+        before = _matched()
+        got = hvd.broadcast(x, root, name=f"fr.bcast.{root}.{np.dtype(dtype).name}")
+        _expect_fast(before)
+        np.testing.assert_array_equal(got, (np.arange(24).reshape(4, 6) + 100 * root).astype(dtype))
+        assert got.dtype == x.dtype and got.shape == x.shape
+        y = np.full(5, rank, dtype)
+        hvd.broadcast_(y, root, name=f"fr.bcast_.{root}.{np.dtype(dtype).name}")
+        np.testing.assert_array_equal(y, np.full(5, root, dtype))
+
+
+def test_allgather_of_equal_shapes_goes_fast_and_unequal_ones_through_the_coordinator():
+    rank, size = hvd.rank(), hvd.size()
+    before = _matched()
+    got = hvd.allgather(np.full((3, 2), rank, np.float64), name="fr.gather")
+    _expect_fast(before)
+    np.testing.assert_array_equal(got, np.repeat(np.arange(size, dtype=np.float64), 3)[:, None] * np.ones(2))
+    before = _matched()
+    got = hvd.allgather(np.full((rank + 1, 2), rank, np.int32), name="fr.gather.uneven")
+    _expect_fast(before, 0 if size > 1 else 1)        # the ranks' keys differ: the coordinator gathers
+    np.testing.assert_array_equal(got[:, 0], np.concatenate([np.full(r + 1, r) for r in range(size)]))
+
+
+def test_torch_broadcast_and_allgather_go_fast():
+    torch = pytest.importorskip("torch")
+    import horovod.torch as hvd_torch
+
+    rank, size = hvd.rank(), hvd.size()
+    before = _matched()
+    got = hvd_torch.broadcast(torch.full((7,), float(rank)), 0, name="fr.torch.bcast")
+    assert got.tolist() == [0.0] * 7
+    gathered = hvd_torch.allgather(torch.full((2,), rank, dtype=torch.int32), name="fr.torch.gather")
+    assert gathered.tolist() == [r for r in range(size) for _ in range(2)] and gathered.dtype == torch.int32
+    _expect_fast(before, 2)
+
+
 def test_many_rounds_in_a_row_stay_fast_and_correct():
     rank, size = hvd.rank(), hvd.size()
     before = _matched()

@@ -52,7 +52,8 @@ def _counts(nbytes: int, n: int) -> tuple:
 
 class HorovodPeer(Peer):
     """This project, through the op layer every binding calls (``horovod.core.ops``): buffers made once and
-    reused, a blocking allreduce marked as one (it may take a fast round, as ``hvd.allreduce`` does)."""
+    reused; allreduce, allgather and broadcast marked blocking, as ``hvd.allreduce``, ``hvd.allgather`` and
+    ``hvd.broadcast`` mark theirs (a small one may take a fast round)."""
 
     name = "horovod"
 
@@ -76,10 +77,18 @@ class HorovodPeer(Peer):
             with ops.blocking():
                 ops.allreduce_async(x, out, name=name, op=self._hvd.Sum).wait()
 
+        def allgather() -> None:
+            with ops.blocking():
+                ops.allgather_async(piece, name=name).wait()
+
+        def broadcast() -> None:
+            with ops.blocking():
+                ops.broadcast_async(x, 0, output=x, name=name).wait()
+
         table: Dict[str, Run] = {
             "allreduce": allreduce,
-            "allgather": lambda: ops.allgather_async(piece, name=name).wait(),
-            "broadcast": lambda: ops.broadcast_async(x, 0, output=x, name=name).wait(),
+            "allgather": allgather,
+            "broadcast": broadcast,
             "reducescatter": lambda: ops.reducescatter_async(x, name=name, op=self._hvd.Sum).wait(),
             "alltoall": lambda: ops.alltoall_async(x, name=name).wait(),
         }

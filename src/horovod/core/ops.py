@@ -32,14 +32,24 @@ _thread = threading.local()
 
 @contextlib.contextmanager
 def blocking() -> Iterator[None]:
-    """Inside this block, the next allreduce this thread submits is one its caller waits for at once (the
-    bindings' blocking calls say so): a small one may then skip the coordinator (core/engine/fast_rounds.py).
+    """Inside this block, the next allreduce, broadcast or allgather this thread submits is one its caller waits
+    for at once (the bindings' blocking calls say so): a small one may then skip the coordinator
+    (core/engine/fast_rounds.py).
     Never wrap an async call whose handle is kept: its op could then hold up the other ranks until waited on."""
     _thread.blocking = True
     try:
         yield
     finally:
         _thread.blocking = False
+
+
+def _submit(engine, entry) -> None:
+    """Hand one op to its engine: as a blocking call's (it may take a fast round) when the caller promised to
+    wait at once (:func:`blocking`), else queued."""
+    if _take_blocking():
+        engine.submit_blocking(entry)
+    else:
+        engine.enqueue([entry])
 
 
 def _take_blocking() -> bool:
@@ -167,11 +177,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor, device=device)
-    entry = Entry(request, tensor, output, handle)
-    if _take_blocking():
-        engine.submit_blocking(entry)
-    else:
-        engine.enqueue([entry])
+    _submit(engine, Entry(request, tensor, output, handle))
     return handle
 
 
@@ -211,7 +217,7 @@ def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Op
     name = name or tensor_name("allgather", None, process_set=process_set)
     handle = Handle(name)
     request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape, device=device)
-    engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
+    _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
 
 
@@ -245,7 +251,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
     request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
-    engine.enqueue([Entry(request, tensor, output, handle)])
+    _submit(engine, Entry(request, tensor, output, handle))
     return handle
 
 

@@ -134,7 +134,8 @@ def allgather_async(tensor: _np.ndarray, name: Optional[str] = None,
 def allgather(tensor: _np.ndarray, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> _np.ndarray:
     """Concatenate every rank's ``tensor`` along dim 0 (dim 0 may differ between ranks)."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    with _ops.blocking():
+        return synchronize(allgather_async(tensor, name, process_set))
 
 
 def grouped_allgather_async(tensors: Sequence[_np.ndarray], name: Optional[str] = None,
@@ -160,7 +161,8 @@ def broadcast_async(tensor: _np.ndarray, root_rank: int, name: Optional[str] = N
 def broadcast(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> _np.ndarray:
     """Return ``root_rank``'s ``tensor`` on every rank."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    with _ops.blocking():
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
 def broadcast_async_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
@@ -172,7 +174,8 @@ def broadcast_async_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = 
 def broadcast_(tensor: _np.ndarray, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> _np.ndarray:
     """Overwrite ``tensor`` with ``root_rank``'s values and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    with _ops.blocking():
+        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ------------------------------------------------------------------ alltoall

@@ -116,7 +116,8 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
-        return synchronize(allgather_async(tensor, name, process_set))
+        with ops.blocking():
+            return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -160,7 +161,8 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = Non
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s values and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    with ops.blocking():
+        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -169,7 +171,8 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        with ops.blocking():
+            return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):

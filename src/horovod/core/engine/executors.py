@@ -37,7 +37,8 @@ def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return output_pool.empty(shape, dtype)
 
 
-def _allocate(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def allocate_output(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """An output for ``entry``: from its allocator (a framework's tensor) or the op layer's pool."""
     return (entry.allocate or _default_allocate)(shape, dtype)
 
 
@@ -71,7 +72,7 @@ def allgather(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
     first, entry = batch[0], entries[0]
     row = _row(first.shape)
     counts = [d * row for d in first.extra]
-    out = _allocate(entry, (sum(first.extra), *first.shape), numpy_dtype(first.dtype))
+    out = allocate_output(entry, (sum(first.extra), *first.shape), numpy_dtype(first.dtype))
     with activity(ctx.backend.op_label("ALLGATHER", out.nbytes)):
         ctx.backend.allgatherv(entry.tensor.reshape(-1), out.reshape(-1), counts)
     entry.handle.set_result(entry.index, out)
@@ -94,7 +95,7 @@ def _fused_allgather(ctx: Executing, batch: List[TensorResponse], entries: List[
     gathered = output_pool.empty((sum(counts),), dtype)
     with activity(ctx.backend.op_label("ALLGATHER", gathered.nbytes)):
         ctx.backend.allgatherv(send, gathered, counts)
-    outputs = [_allocate(entry, (sum(response.extra), *response.shape), dtype)
+    outputs = [allocate_output(entry, (sum(response.extra), *response.shape), dtype)
                for response, entry in zip(batch, entries)]
     with activity("MEMCPY_OUT_FUSION_BUFFER"):
         block = 0                                   # where rank r's block starts in the gathered buffer
@@ -128,7 +129,7 @@ def alltoall(ctx: Executing, batch: List[TensorResponse], entries: List[Optional
     matrix = first.extra
     row = _row(first.shape)
     received = [matrix[src][ctx.rank] for src in range(ctx.size)]
-    out = _allocate(entry, (sum(received), *first.shape), dtype)
+    out = allocate_output(entry, (sum(received), *first.shape), dtype)
     max_count = max(max(r) for r in matrix) * row
     with activity(ctx.backend.op_label("ALLTOALL", max_count * ctx.size * dtype.itemsize)):
         ctx.backend.alltoallv(entry.tensor.reshape(-1), [s * row for s in matrix[ctx.rank]], out.reshape(-1),
@@ -144,7 +145,7 @@ def reducescatter(ctx: Executing, batch: List[TensorResponse], entries: List[Opt
     shape, size = first.shape, ctx.size
     rows = _split_rows(shape, size)
     row = _row(shape[1:])
-    out = _allocate(entry, (rows[ctx.rank], *shape[1:]), numpy_dtype(first.dtype))
+    out = allocate_output(entry, (rows[ctx.rank], *shape[1:]), numpy_dtype(first.dtype))
     inp = entry.tensor.reshape(-1)
     if first.prescale != 1.0:
         scaled = np.empty_like(inp)
@@ -181,7 +182,7 @@ def _fused_reducescatter(ctx: Executing, batch: List[TensorResponse], entries: L
     with activity("MEMCPY_OUT_FUSION_BUFFER"):
         position = 0
         for response, entry, (rows, row) in zip(batch, entries, layouts):
-            out = _allocate(entry, (rows[ctx.rank], *response.shape[1:]), dtype)
+            out = allocate_output(entry, (rows[ctx.rank], *response.shape[1:]), dtype)
             n = rows[ctx.rank] * row
             out.reshape(-1)[:] = received[position:position + n]
             position += n

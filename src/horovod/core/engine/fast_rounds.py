@@ -57,9 +57,11 @@ from horovod.core.controller.messages import (
     R_OP,
     R_POST,
     R_PRE,
+    R_ROOT,
     R_SHAPE,
     R_TYPE,
 )
+from horovod.core.engine.executors import allocate_output
 from horovod.core.engine.layouts import summed
 from horovod.core.engine.state import EngineState
 
@@ -74,6 +76,8 @@ COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH = 0, 1, 2, 3, 5
 KEY_OFFSET = 64
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
+_TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER})
+REDUCE_TOTAL_BYTES = 1 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 
 
 def supported() -> bool:
@@ -81,22 +85,29 @@ def supported() -> bool:
     return doorbell.available() and platform.machine() == "x86_64"
 
 
-def key_of(request: list, nbytes: int) -> Optional[bytes]:
-    """What must be equal on every rank for a matched round, or None when the op cannot go fast."""
-    if request[R_TYPE] != RequestType.ALLREDUCE or nbytes > FAST_SLOT_BYTES or request[R_GROUP] or request[R_DEVICE]:
+def key_of(request: list, nbytes: int, size: int = 2) -> Optional[bytes]:
+    """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
+    a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions differ do not
+    match, and go through the coordinator) of one host tensor that fits a slot. Every rank of a fast allreduce
+    reduces all ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond,
+    the data plane's reduce-scatter, which splits that work, is faster)."""
+    rtype = request[R_TYPE]
+    if rtype not in _TYPES or nbytes > FAST_SLOT_BYTES or request[R_GROUP] or request[R_DEVICE]:
         return None
-    if ReduceOp(request[R_OP]) not in _OPS:
+    if rtype == RequestType.ALLREDUCE and (ReduceOp(request[R_OP]) not in _OPS or
+                                           nbytes * size > REDUCE_TOTAL_BYTES):
         return None
-    key = (f"{request[R_NAME]}|{request[R_DTYPE]}|{list(request[R_SHAPE])}|{request[R_OP]}|"
-           f"{float(request[R_PRE])!r}|{float(request[R_POST])!r}").encode()
+    key = (f"{int(rtype)}|{request[R_NAME]}|{request[R_DTYPE]}|{list(request[R_SHAPE])}|{request[R_OP]}|"
+           f"{float(request[R_PRE])!r}|{float(request[R_POST])!r}|{request[R_ROOT]}").encode()
     return key if len(key) <= KEY_ROOM else None
 
 
 class FastRounds:
     """This rank's side of the fast rounds of one process set whose ranks all share this host."""
 
-    def __init__(self, area: np.ndarray, rank: int, size: int) -> None:
+    def __init__(self, area: np.ndarray, rank: int, size: int, ranks: Optional[List[int]] = None) -> None:
         self.rank, self.size = rank, size
+        self.ranks = list(ranks) if ranks is not None else list(range(size))   # position -> global rank
         self.bell = doorbell.Doorbell(area[:4].view(np.uint32))
         stride = FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES
         bases = [FAST_LINE_BYTES + r * stride for r in range(size)]
@@ -145,9 +156,11 @@ class FastRounds:
         round."""
         k = self.count + 1
         b = k % 2
+        request = entry.request
         tensor = entry.tensor.reshape(-1)
-        scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
-                    float(entry.request[R_PRE]))
+        if request[R_TYPE] != RequestType.BROADCAST or self.ranks.index(request[R_ROOT]) == self.rank:
+            scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
+                        float(request[R_PRE]))      # a broadcast's others send nothing
         mine = self.words[self.rank]
         at = KEY_OFFSET + b * KEY_ROOM
         self.headers[self.rank][at:at + len(key)] = np.frombuffer(key, np.uint8)
@@ -182,7 +195,7 @@ class FastRounds:
             int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)].tobytes() == key
             for p in fast)
         if matched:
-            self._reduce(entry, b)
+            self._finish(entry, b)
             self.matched += 1
         self.readers[b] = fast
         words[self.rank][RESOLVED] = k
@@ -212,6 +225,26 @@ class FastRounds:
         finally:
             if parked:
                 engine.unpark(entry)
+
+    def _finish(self, entry: Entry, b: int) -> None:
+        """The matched round's result into ``entry.output`` (an allgather's is allocated here)."""
+        request = entry.request
+        rtype = request[R_TYPE]
+        if rtype == RequestType.ALLREDUCE:
+            self._reduce(entry, b)
+            return
+        dtype = numpy_dtype(request[R_DTYPE])
+        n = entry.tensor.nbytes
+        if rtype == RequestType.BROADCAST:
+            root = self.ranks.index(request[R_ROOT])
+            np.copyto(entry.output.reshape(-1), self.slots[root][b][:n].view(dtype))
+            return
+        shape = tuple(request[R_SHAPE])             # an allgather of equal shapes (the key says so)
+        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)
+        flat, count = out.reshape(-1), entry.tensor.size
+        for r, pair in enumerate(self.slots):
+            flat[r * count:(r + 1) * count] = pair[b][:n].view(dtype)
+        entry.output = out
 
     def _reduce(self, entry: Entry, b: int) -> None:
         request = entry.request
