@@ -93,7 +93,25 @@ def test_allgather_of_equal_shapes_goes_fast_and_unequal_ones_through_the_coordi
     np.testing.assert_array_equal(got[:, 0], np.concatenate([np.full(r + 1, r) for r in range(size)]))
 
 
-def test_torch_broadcast_and_allgather_go_fast():
+@pytest.mark.parametrize("op", ["sum", "average"])
+@pytest.mark.parametrize("rows", [1, 7, 12])
+def test_reducescatter_goes_fast_with_upstreams_row_split(op, rows):
+    """Rows that do not divide (7 at 2-4 ranks), fewer rows than ranks (1), scale factors: the coordinator's
+    numbers, fast."""
+    rank, size = hvd.rank(), hvd.size()
+    reduce_op = hvd.Sum if op == "sum" else hvd.Average
+    x = (np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + rank) * (rank + 1)
+    before = _matched()
+    fast = hvd.reducescatter(x, op=reduce_op, prescale_factor=0.5, postscale_factor=3.0, name=f"fr.rs.{op}.{rows}")
+    _expect_fast(before)
+    slow = ops.reducescatter_async(x, name=f"fr.rs.slow.{op}.{rows}", op=reduce_op, prescale_factor=0.5,
+                                   postscale_factor=3.0).wait()
+    np.testing.assert_array_equal(fast, slow)
+    mine = rows // size + (1 if rank < rows % size else 0)
+    assert fast.shape == (mine, 3)
+
+
+def test_torch_broadcast_allgather_and_reducescatter_go_fast():
     torch = pytest.importorskip("torch")
     import horovod.torch as hvd_torch
 
@@ -103,7 +121,9 @@ def test_torch_broadcast_and_allgather_go_fast():
     assert got.tolist() == [0.0] * 7
     gathered = hvd_torch.allgather(torch.full((2,), rank, dtype=torch.int32), name="fr.torch.gather")
     assert gathered.tolist() == [r for r in range(size) for _ in range(2)] and gathered.dtype == torch.int32
-    _expect_fast(before, 2)
+    scattered = hvd_torch.reducescatter(torch.ones(size * 2, 3), op=hvd_torch.Sum, name="fr.torch.rs")
+    assert scattered.tolist() == [[float(size)] * 3] * 2
+    _expect_fast(before, 3)
 
 
 def test_many_rounds_in_a_row_stay_fast_and_correct():

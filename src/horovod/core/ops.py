@@ -32,8 +32,8 @@ _thread = threading.local()
 
 @contextlib.contextmanager
 def blocking() -> Iterator[None]:
-    """Inside this block, the next allreduce, broadcast or allgather this thread submits is one its caller waits
-    for at once (the bindings' blocking calls say so): a small one may then skip the coordinator
+    """Inside this block, the next allreduce, broadcast, allgather or reducescatter this thread submits is one its
+    caller waits for at once (the bindings' blocking calls say so): a small one may then skip the coordinator
     (core/engine/fast_rounds.py).
     Never wrap an async call whose handle is kept: its op could then hold up the other ranks until waited on."""
     _thread.blocking = True
@@ -297,7 +297,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     handle = Handle(name)
     request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
                            postscale_factor, device=device)
-    engine.enqueue([Entry(request, tensor, None, handle, allocate=allocate)])
+    _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
 
 

@@ -210,7 +210,8 @@ def reducescatter(tensor: _np.ndarray, name: Optional[str] = None, op: ReduceOp 
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> _np.ndarray:
     """Reduce across ranks and return this rank's block of dim 0 (ranks < n % size get one extra row)."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+    with _ops.blocking():
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
 
 
 def grouped_reducescatter_async(tensors: Sequence[_np.ndarray], name: Optional[str] = None, op: ReduceOp = Average,

@@ -239,7 +239,9 @@ class HorovodReducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor))
+        with ops.blocking():
+            return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                                   postscale_factor))
 
     @staticmethod
     def backward(ctx, grad_output):

@@ -62,7 +62,7 @@ from horovod.core.controller.messages import (
     R_TYPE,
 )
 from horovod.core.engine.executors import allocate_output
-from horovod.core.engine.layouts import summed
+from horovod.core.engine.layouts import split_rows, summed
 from horovod.core.engine.state import EngineState
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH = 0, 1, 2, 3, 5
 KEY_OFFSET = 64
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
-_TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER})
+_TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
+_REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
 REDUCE_TOTAL_BYTES = 1 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 
 
@@ -87,15 +88,17 @@ def supported() -> bool:
 
 def key_of(request: list, nbytes: int, size: int = 2) -> Optional[bytes]:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
-    a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions differ do not
-    match, and go through the coordinator) of one host tensor that fits a slot. Every rank of a fast allreduce
+    a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
+    differ do not match, and go through the coordinator) of one host tensor that fits a slot. Every rank of a
+    fast allreduce
     reduces all ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond,
     the data plane's reduce-scatter, which splits that work, is faster)."""
     rtype = request[R_TYPE]
     if rtype not in _TYPES or nbytes > FAST_SLOT_BYTES or request[R_GROUP] or request[R_DEVICE]:
         return None
-    if rtype == RequestType.ALLREDUCE and (ReduceOp(request[R_OP]) not in _OPS or
-                                           nbytes * size > REDUCE_TOTAL_BYTES):
+    if rtype in _REDUCING and ReduceOp(request[R_OP]) not in _OPS:
+        return None
+    if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES:
         return None
     key = (f"{int(rtype)}|{request[R_NAME]}|{request[R_DTYPE]}|{list(request[R_SHAPE])}|{request[R_OP]}|"
            f"{float(request[R_PRE])!r}|{float(request[R_POST])!r}|{request[R_ROOT]}").encode()
@@ -239,11 +242,30 @@ class FastRounds:
             root = self.ranks.index(request[R_ROOT])
             np.copyto(entry.output.reshape(-1), self.slots[root][b][:n].view(dtype))
             return
-        shape = tuple(request[R_SHAPE])             # an allgather of equal shapes (the key says so)
-        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)
+        shape = tuple(request[R_SHAPE])
+        if rtype == RequestType.REDUCESCATTER:
+            self._reduce_scatter(entry, b, shape, dtype)
+            return
+        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)  # equal shapes: the key says so
         flat, count = out.reshape(-1), entry.tensor.size
         for r, pair in enumerate(self.slots):
             flat[r * count:(r + 1) * count] = pair[b][:n].view(dtype)
+        entry.output = out
+
+    def _reduce_scatter(self, entry: Entry, b: int, shape: tuple, dtype: np.dtype) -> None:
+        """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
+        request, dtype = entry.request, np.dtype(dtype)
+        rows = split_rows(shape, self.size)
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        start, count = sum(rows[:self.rank]) * row * dtype.itemsize, rows[self.rank] * row
+        out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
+        flat = out.reshape(-1)
+        slots = [pair[b][start:start + count * dtype.itemsize].view(dtype) for pair in self.slots]
+        op, postscale = summed(request[R_OP], float(request[R_POST]), self.size)
+        combine(flat, slots[0], slots[1], op)
+        for r in range(2, self.size):
+            reduce_into(flat, slots[r], op)
+        scale_inplace(flat, postscale)
         entry.output = out
 
     def _reduce(self, entry: Entry, b: int) -> None:
