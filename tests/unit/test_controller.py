@@ -6,9 +6,10 @@ import pytest
 
 from horovod.common.types import DataType, ReduceOp, RequestType
 from horovod.core.controller import Coordinator
-from horovod.core.controller.messages import BATCH, ERROR, JOIN, TensorResponse, make_request
+from horovod.core.controller.messages import Tag, TensorResponse, make_request
 from horovod.core.controller.response_cache import ResponseCache
 
+BATCH, ERROR, JOIN = Tag.BATCH, Tag.ERROR, Tag.JOINED
 AR, AG, BC, A2A, RS, BAR, JN = (RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.BROADCAST,
                                 RequestType.ALLTOALL, RequestType.REDUCESCATTER, RequestType.BARRIER,
                                 RequestType.JOIN)

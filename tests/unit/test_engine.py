@@ -12,7 +12,7 @@ from horovod.backends.local import LocalBackend
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import DataType, ReduceOp, RequestType
-from horovod.core.controller.messages import BATCH, TensorResponse, make_request
+from horovod.core.controller.messages import Tag, TensorResponse, make_request
 from horovod.core.engine import Engine, Entry
 from horovod.core.engine.handles import Handle, several_threads
 from horovod.core.engine.settings import EngineSettings
@@ -177,7 +177,7 @@ def respond(sock, name, shape=(3,)):
     """What the coordinator sends when ``name`` (a float32 allreduce) is to run."""
     response = TensorResponse(name, int(RequestType.ALLREDUCE), int(DataType.FLOAT32), list(shape),
                               int(ReduceOp.SUM), 1.0, 1.0, -1, None)
-    wire.send_msg(sock, ["L", [[BATCH, [response.to_wire()]]]])
+    wire.send_msg(sock, [Tag.RESPONSES, [[Tag.BATCH, [response.to_wire()]]]])
 
 
 def test_a_blocking_wait_is_told_once_after_the_request_and_its_completion_needs_no_message(worker):

@@ -181,7 +181,7 @@ def test_the_record_is_json_with_every_set_and_entry(record_dir):
     r = ring(capacity=8, set_id=0)
     a = entry("allreduce.a")
     b = entry("broadcast.b", (2, 3), RequestType.BROADCAST, np.float64)
-    b.request[7] = 2                             # root rank
+    b.request = b.request._replace(root=2)       # root rank
     r.submit([a, b], 100.0)
     flight.started([a], 101.0, 102.0)
     flight.done([a], 103.0)

@@ -31,7 +31,7 @@ from horovod.common.types import DataType, ReduceOp, numpy_dtype
 
 log = logging.getLogger(__name__)
 
-CUDA = 1            # the device code (R_DEVICE) of CUDA tensors
+CUDA = 1            # the device code (Request.device) of CUDA tensors
 HANDLE_BYTES = 256  # an exported window handle, padded (a CUDA IPC handle is 64 bytes)
 
 

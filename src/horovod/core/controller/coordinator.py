@@ -15,24 +15,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from horovod.common.timeline import Timeline
 from horovod.common.types import DataType, ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller import fusion
-from horovod.core.controller.messages import (
-    BATCH,
-    ERROR,
-    HOST,
-    JOIN,
-    R_DEVICE,
-    R_DTYPE,
-    R_GROUP,
-    R_GROUP_SIZE,
-    R_OP,
-    R_POST,
-    R_PRE,
-    R_ROOT,
-    R_SHAPE,
-    R_SPLITS,
-    R_TYPE,
-    TensorResponse,
-)
+from horovod.core.controller.messages import HOST, Request, Tag, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
 
 _OP_NAMES = {int(v): v.name for v in RequestType}
@@ -48,11 +31,11 @@ _NOT_WITH_JOIN = {
 }
 
 
-def _request_bytes(request: list) -> int:
+def _request_bytes(request: Request) -> int:
     n = 1
-    for d in request[R_SHAPE]:
+    for d in request.shape:
         n *= d
-    return n * _ITEMSIZE.get(request[R_DTYPE], 4)
+    return n * _ITEMSIZE.get(request.dtype, 4)
 
 
 _ITEMSIZE = {int(t): numpy_dtype(t).itemsize for t in DataType}
@@ -113,10 +96,10 @@ class Coordinator:
         self._parked: Dict[str, Tuple[float, Set[int]]] = {}
 
     # ----------------------------------------------------------------- intake
-    def add_request(self, rank: int, request: list) -> None:
+    def add_request(self, rank: int, request: Request) -> None:
         """Record ``rank``'s request; JOIN marks the rank joined."""
         self.progress += 1
-        if request[R_TYPE] == RequestType.JOIN:
+        if request.rtype == RequestType.JOIN:
             self._joined.add(rank)
             self._last_joined = rank
             for name, entry in self._pending.items():
@@ -124,13 +107,13 @@ class Coordinator:
             if len(self._joined) == self.size:
                 self._join_done = True
             return
-        name = request[0]
+        name = request.name
         entry = self._pending.get(name)
         timeline = self.timeline
         if entry is None:
             entry = self._pending[name] = _Pending()
             if timeline is not None:
-                timeline.negotiate_start(name, _OP_NAMES[request[R_TYPE]])
+                timeline.negotiate_start(name, _OP_NAMES[request.rtype])
         entry.requests[rank] = request
         if timeline is not None:
             timeline.rank_ready(name, rank)
@@ -146,7 +129,7 @@ class Coordinator:
             timeline = self.timeline
             if timeline is not None:
                 timeline.negotiate_end(name)
-                timeline.begin((name,), _OP_NAMES[first[R_TYPE]])
+                timeline.begin((name,), _OP_NAMES[first.rtype])
                 timeline.begin((name,), "QUEUE")
 
     def mark_urgent(self, names) -> None:
@@ -201,7 +184,7 @@ class Coordinator:
     def waits(self) -> List[Tuple[str, str, List[int], List[int]]]:
         """(name, op type, ranks that submitted, ranks waiting on it) for every pending tensor some rank waits
         on, in submission order."""
-        return [(name, _OP_NAMES[next(iter(e.requests.values()))[R_TYPE]], sorted(e.requests), sorted(e.waiting))
+        return [(name, _OP_NAMES[next(iter(e.requests.values())).rtype], sorted(e.requests), sorted(e.waiting))
                 for name, e in self._pending.items() if e.waiting]
 
     def emit_due(self, now: float, bucket_bytes: int, hold_s: float) -> Optional[float]:
@@ -251,12 +234,12 @@ class Coordinator:
         for name in list(self._ready):
             entry = self._pending[name]
             request = next(iter(entry.requests.values()))
-            group = request[R_GROUP]
+            group = request.group
             if group:
                 members = self._group_ready.setdefault(group, [])
                 if name not in members:
                     members.append(name)
-                if len(members) < request[R_GROUP_SIZE]:
+                if len(members) < request.group_size:
                     continue
                 del self._group_ready[group]
                 names = members
@@ -276,7 +259,7 @@ class Coordinator:
                     continue
                 result = self._construct(member, requests)
                 if isinstance(result, str):
-                    out.append([ERROR, [member], result])
+                    out.append([Tag.ERROR, [member], result])
                     continue
                 unit.append(result)
             if group:
@@ -289,9 +272,9 @@ class Coordinator:
                                 for n in self._ready)
         self._urgent.intersection_update(self._pending)
         for batch in self._plan(responses, group_units):
-            out.append([BATCH, [cached_ids[r.name] if r.name in cached else r.to_wire() for r in batch]])
+            out.append([Tag.BATCH, [cached_ids[r.name] if r.name in cached else r.to_wire() for r in batch]])
         if self._join_done:
-            out.append([JOIN, self.ranks[self._last_joined]])
+            out.append([Tag.JOINED, self.ranks[self._last_joined]])
             self._join_done = False
             self._joined.clear()
         if out:
@@ -319,18 +302,18 @@ class Coordinator:
     def _construct(self, name: str, requests: Dict[int, list]):
         """Validate the ranks' requests for ``name``; a TensorResponse or an error message."""
         first = requests[min(requests)]
-        if first[R_TYPE] in _IDENTICAL_TYPES and len(requests) == self.size and \
+        if first.rtype in _IDENTICAL_TYPES and len(requests) == self.size and \
                 all(q == first for q in requests.values()):
-            return self._response(name, first, list(first[R_SHAPE]), None)
-        diff = self._differ(requests, lambda q: _OP_NAMES[q[R_TYPE]])
+            return self._response(name, first, list(first.shape), None)
+        diff = self._differ(requests, lambda q: _OP_NAMES[q.rtype])
         if diff:
             return f"Mismatched operations for tensor '{name}': {diff.replace('sent', 'did an')}."
-        rtype = RequestType(first[R_TYPE])
+        rtype = RequestType(first.rtype)
         op_name = rtype.name
-        diff = self._differ(requests, lambda q: _DTYPE_NAMES[q[R_DTYPE]])
+        diff = self._differ(requests, lambda q: _DTYPE_NAMES[q.dtype])
         if diff:
             return f"Mismatched data types for {op_name} of tensor '{name}': {diff}."
-        diff = self._differ(requests, lambda q: "host memory" if q[R_DEVICE] == HOST else "device memory")
+        diff = self._differ(requests, lambda q: "host memory" if q.device == HOST else "device memory")
         if diff:
             return (f"Mismatched devices for {op_name} of tensor '{name}': {diff.replace('sent', 'sent a tensor in')}. "
                     "Put the tensor on the same kind of device on every rank (and set HOROVOD_CUDA_IPC alike).")
@@ -340,26 +323,26 @@ class Coordinator:
                     f"{', '.join(map(str, missing))} joined before submitting tensor '{name}'. Make every rank "
                     "run the same collectives before it calls hvd.join().")
         if rtype in (RequestType.ALLREDUCE, RequestType.ADASUM, RequestType.BROADCAST, RequestType.REDUCESCATTER):
-            diff = self._differ(requests, lambda q: list(q[R_SHAPE]))
+            diff = self._differ(requests, lambda q: list(q.shape))
             if diff:
                 return f"Mismatched {op_name} tensor shapes for tensor '{name}': {diff}."
         if rtype in (RequestType.ALLREDUCE, RequestType.REDUCESCATTER, RequestType.ADASUM):
-            diff = self._differ(requests, lambda q: _REDUCE_NAMES.get(q[R_OP], q[R_OP]))
+            diff = self._differ(requests, lambda q: _REDUCE_NAMES.get(q.reduce_op, q.reduce_op))
             if diff:
                 return f"Mismatched reduce operations for {op_name} of tensor '{name}': {diff}."
-            diff = self._differ(requests, lambda q: q[R_PRE])
+            diff = self._differ(requests, lambda q: q.prescale)
             if diff:
                 return f"Mismatched prescale factors for {op_name} of tensor '{name}': {diff}."
-            diff = self._differ(requests, lambda q: q[R_POST])
+            diff = self._differ(requests, lambda q: q.postscale)
             if diff:
                 return f"Mismatched postscale factors for {op_name} of tensor '{name}': {diff}."
-        shape = list(first[R_SHAPE])
+        shape = list(first.shape)
         extra = None
         if rtype == RequestType.BROADCAST:
-            diff = self._differ(requests, lambda q: q[R_ROOT])
+            diff = self._differ(requests, lambda q: q.root)
             if diff:
                 return f"Mismatched BROADCAST root ranks for tensor '{name}': {diff.replace('sent', 'gave root')}."
-            root = first[R_ROOT]
+            root = first.root
             if root not in self.ranks:
                 if self.ranks == list(range(self.size)):
                     return (f"Invalid root rank {root} for BROADCAST of tensor '{name}': the job has {self.size} "
@@ -370,21 +353,21 @@ class Coordinator:
             if not shape:
                 return f"Cannot REDUCESCATTER tensor '{name}': it is rank-zero (a scalar); give it a first dimension."
         elif rtype in (RequestType.ALLGATHER, RequestType.ALLTOALL):
-            if any(len(q[R_SHAPE]) == 0 for q in requests.values()):
-                scalar = [str(self.ranks[r]) for r, q in sorted(requests.items()) if not q[R_SHAPE]]
+            if any(len(q.shape) == 0 for q in requests.values()):
+                scalar = [str(self.ranks[r]) for r, q in sorted(requests.items()) if not q.shape]
                 return (f"Rank(s) {', '.join(scalar)} "
                         f"tried to {op_name} a rank-zero tensor '{name}'; give it a first dimension.")
-            diff = self._differ(requests, lambda q: list(q[R_SHAPE][1:]))
+            diff = self._differ(requests, lambda q: list(q.shape[1:]))
             if diff:
                 return (f"Mismatched {op_name} tensor shapes for tensor '{name}': every dimension except the "
                         f"first must match across ranks, but {diff.replace('sent', 'sent rows of shape')}.")
             shape = shape[1:]
             if rtype == RequestType.ALLGATHER:
-                extra = [requests[r][R_SHAPE][0] if r in requests else 0 for r in range(self.size)]
+                extra = [requests[r].shape[0] if r in requests else 0 for r in range(self.size)]
             else:
-                extra = [requests[r][R_SPLITS] for r in range(self.size)]
+                extra = [requests[r].splits for r in range(self.size)]
         return self._response(name, first, shape, extra)
 
     def _response(self, name: str, first: list, shape: List[int], extra) -> TensorResponse:
-        return TensorResponse(name, first[R_TYPE], first[R_DTYPE], shape, first[R_OP], first[R_PRE],
-                              first[R_POST], first[R_ROOT], extra, first[R_DEVICE])
+        return TensorResponse(name, first.rtype, first.dtype, shape, first.reduce_op, first.prescale,
+                              first.postscale, first.root, extra, first.device)

@@ -6,14 +6,55 @@ tensor, including the per-rank facts (allgather first dimensions, alltoall split
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+import enum
+from typing import List, NamedTuple, Optional, Sequence
 
 from horovod.common.types import DataType, ReduceOp, RequestType
 
-# Request list layout (index constants keep the hot path free of attribute lookups).
-R_NAME, R_TYPE, R_DTYPE, R_SHAPE, R_OP, R_PRE, R_POST, R_ROOT, R_GROUP, R_GROUP_SIZE, R_SPLITS, R_DEVICE = range(12)
 
-# Where a request's buffers live (R_DEVICE): host memory, or a device whose plane is registered in
+class Tag(str, enum.Enum):
+    """The first element of every control message: what it is. One letter, one meaning (a ``str``, so it
+    encodes as the letter it always was, and a decoded letter compares equal to its member)."""
+
+    # worker -> coordinator
+    REQUESTS = "R"          # [R, [request, ...]]: collectives this rank submitted
+    WAITING = "W"           # [W, [name, ...], in_fast_round?]: this rank waits on these tensors
+    UNWAITING = "U"         # [U, [name, ...]]: a wait taken back
+    PARKED = "P"            # [P, name, seconds]: this rank has waited that long on a fast round
+    UNPARKED = "Q"          # [Q, name]: that fast round closed
+    EXITING = "X"           # [X]: this rank shuts down
+    # coordinator -> workers
+    RESPONSES = "L"         # [L, [response list item, ...]]: what every rank runs next
+    SHUTDOWN = "S"          # [S, reason]: every rank shuts down
+    DEADLOCK = "D"          # [D, report]: every rank logs the deadlock report
+    # either way
+    ABORT = "A"             # [A, reason]: the sender aborts, and why
+    # the items of a RESPONSES list, which every rank applies in order
+    BATCH = "T"             # [T, [item, ...]]: run these tensors, each a response-cache id or a wire TensorResponse
+    ERROR = "E"             # [E, [name, ...], message]: these tensors fail with this message
+    JOINED = "J"            # [J, last joined rank]: every rank has joined
+    PARAMS = "V"            # [V, {name: value}]: the autotuner's new values, applied by every rank at this point
+
+
+class Request(NamedTuple):
+    """One rank's request for one collective. It goes on the wire as the list of its fields, in this order (a
+    decoded list becomes a Request again with ``Request._make``)."""
+
+    name: str
+    rtype: int                      # RequestType
+    dtype: int                      # DataType
+    shape: List[int]
+    reduce_op: int                  # ReduceOp
+    prescale: float
+    postscale: float
+    root: int                       # a global rank; -1 when the op has none
+    group: str                      # the grouped op this tensor belongs to ("" when alone)
+    group_size: int
+    splits: Optional[List[int]]     # alltoall's rows per destination
+    device: int                     # HOST or a device plane (see below)
+
+
+# Where a request's buffers live (Request.device): host memory, or a device whose plane is registered in
 # horovod.backends.device_ipc (CUDA; the CPU emulation its tests use). Ranks must agree, and a batch never mixes.
 HOST = 0
 
@@ -21,11 +62,11 @@ HOST = 0
 def make_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence[int],
                  reduce_op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0, postscale: float = 1.0,
                  root: int = -1, group: str = "", group_size: int = 0,
-                 splits: Optional[Sequence[int]] = None, device: int = HOST) -> list:
-    """A request as the list that goes on the wire."""
-    return [name, int(rtype), int(dtype), [int(d) for d in shape], int(reduce_op), float(prescale),
-            float(postscale), int(root), group, int(group_size), None if splits is None else [int(s) for s in splits],
-            int(device)]
+                 splits: Optional[Sequence[int]] = None, device: int = HOST) -> Request:
+    """A request, its fields in the types that go on the wire."""
+    return Request(name, int(rtype), int(dtype), [int(d) for d in shape], int(reduce_op), float(prescale),
+                   float(postscale), int(root), group, int(group_size),
+                   None if splits is None else [int(s) for s in splits], int(device))
 
 
 class TensorResponse:
@@ -44,7 +85,7 @@ class TensorResponse:
         self.postscale = postscale
         self.root = root
         self.extra = extra          # allgather: dim0 per rank; alltoall: splits matrix [src][dst]
-        self.device = device        # HOST, or the device plane the buffers live on (R_DEVICE)
+        self.device = device        # HOST, or the device plane the buffers live on (Request.device)
 
     def to_wire(self) -> list:
         return [self.name, self.rtype, self.dtype, self.shape, self.reduce_op, self.prescale, self.postscale,
@@ -64,23 +105,17 @@ class TensorResponse:
             n *= d
         return n
 
-    def request_matches(self, rank: int, request: list) -> bool:
+    def request_matches(self, rank: int, request: Request) -> bool:
         """True when ``request`` from ``rank`` is exactly what produced this response (cache fast path)."""
-        if request[R_TYPE] != self.rtype or request[R_DTYPE] != self.dtype or request[R_OP] != self.reduce_op:
+        if request.rtype != self.rtype or request.dtype != self.dtype or request.reduce_op != self.reduce_op:
             return False
-        if request[R_PRE] != self.prescale or request[R_POST] != self.postscale or request[R_ROOT] != self.root:
+        if request.prescale != self.prescale or request.postscale != self.postscale or request.root != self.root:
             return False
-        if request[R_DEVICE] != self.device:
+        if request.device != self.device:
             return False
-        shape = request[R_SHAPE]
+        shape = request.shape
         if self.rtype == RequestType.ALLGATHER:
             return bool(shape) and shape[0] == self.extra[rank] and shape[1:] == self.shape
         if self.rtype == RequestType.ALLTOALL:
-            return bool(shape) and shape[1:] == self.shape and request[R_SPLITS] == self.extra[rank]
+            return bool(shape) and shape[1:] == self.shape and request.splits == self.extra[rank]
         return shape == self.shape
-
-
-# Response list items: a tensor batch is ["T", [item, ...]] where each item is a cache id (int) or a
-# wire TensorResponse (list); errors are ["E", [names], message]; join completion is ["J", last_joined_rank];
-# new tunable values from the autotuner are ["P", {name: value}], applied by every rank at that point.
-BATCH, ERROR, JOIN, PARAMS = "T", "E", "J", "P"

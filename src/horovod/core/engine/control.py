@@ -1,11 +1,8 @@
 """The control channel: the small messages between the coordinator (rank 0) and each worker.
 
-Messages are lists (see :mod:`horovod.common.wire`) whose first element says what they are:
-
-- worker -> coordinator: ``R`` requests, ``W``/``U`` a wait begins/is taken back, ``P``/``Q`` a wait on a fast
-  round begins (with the seconds waited so far)/ends, ``X`` this rank shuts down, ``A`` this rank aborts (with
-  the reason);
-- coordinator -> workers: ``L`` a response list to apply, ``S`` shut down, ``A`` abort, ``D`` a deadlock report.
+Messages are lists (see :mod:`horovod.common.wire`) whose first element, a
+:class:`horovod.core.controller.messages.Tag`, says what they are: requests, waits and their end, fast-round
+parks, a rank's exit, response lists, shutdown, deadlock reports and aborts.
 """
 from __future__ import annotations
 
@@ -17,6 +14,7 @@ from typing import Dict, List, Optional
 
 from horovod.backends.comm import PeerLostError
 from horovod.common import wire
+from horovod.core.controller.messages import Tag
 
 ABORT_REASON_WAIT_SECONDS = 0.5
 
@@ -70,10 +68,10 @@ class ControlChannel:
         """Tell the others this rank aborts, and why (best effort: some may be gone)."""
         try:
             if self.rank == 0:
-                self.broadcast(["A", reason], best_effort=True)
+                self.broadcast([Tag.ABORT, reason], best_effort=True)
             elif 0 in self.socks:
                 with self.send_lock:
-                    wire.send_msg(self.socks[0], ["A", reason])
+                    wire.send_msg(self.socks[0], [Tag.ABORT, reason])
         except Exception:
             pass
 
@@ -103,7 +101,7 @@ class ControlChannel:
                         selector.unregister(key.fileobj)
                         socks.pop(key.data, None)
                         continue
-                    if msg and msg[0] == "A":
+                    if msg and msg[0] == Tag.ABORT:
                         return msg[1]       # a reason that arrived with the close still wins
                 if lost_closed:
                     return own

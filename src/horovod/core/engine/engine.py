@@ -39,7 +39,7 @@ from horovod.backends.comm import PeerLostError
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
-from horovod.core.controller.messages import BATCH, ERROR, JOIN, PARAMS, R_NAME, TensorResponse
+from horovod.core.controller.messages import Request, Tag, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
 from horovod.core.engine import fast_rounds, flight, lifecycle, loops
 from horovod.core.engine.control import ControlChannel
@@ -67,7 +67,7 @@ class Entry:
 
     __slots__ = ("request", "tensor", "output", "allocate", "handle", "index", "flight")
 
-    def __init__(self, request: list, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
+    def __init__(self, request: Request, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
                  handle: Handle, index: int = 0,
                  allocate: Optional[Callable[[tuple, np.dtype], np.ndarray]] = None) -> None:
         self.request = request
@@ -80,7 +80,7 @@ class Entry:
 
     @property
     def name(self) -> str:
-        return self.request[R_NAME]
+        return self.request.name
 
 
 class Engine:
@@ -192,7 +192,7 @@ class Engine:
         fast = self.fast
         key = None
         if fast is not None and entry.tensor is not None and not self.hooks.batch:
-            key = fast_rounds.key_of(entry.request, entry.tensor.nbytes, self.size)
+            key = fast_rounds.key_of(entry.request, entry.tensor.nbytes, self.ranks)
         if key is None:
             self.enqueue([entry])
             return
@@ -244,12 +244,12 @@ class Engine:
             for entry in entries:
                 name = entry.name
                 if name in self.table or name in names or (pending is not None and pending.name == name):
-                    op = RequestType(entry.request[1]).name.lower()
+                    op = RequestType(entry.request.rtype).name.lower()
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=name))
                 names.add(name)
             if fast is not None:
                 if post:
-                    fast.post_slow(seal=entries[0].request[1] == RequestType.JOIN)
+                    fast.post_slow(seal=entries[0].request.rtype == RequestType.JOIN)
                 else:
                     self.fast_entry = None
             if post and self.flight_ring is not None:
@@ -272,7 +272,7 @@ class Engine:
         # the engine thread (which needs the lock to execute). A send failure means the coordinator is gone:
         # the engine thread sees the closed socket and fails every entry, these included.
         try:
-            self.control.send_to_coordinator(["R", [e.request for e in entries]])
+            self.control.send_to_coordinator([Tag.REQUESTS, [e.request for e in entries]])
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
 
@@ -292,7 +292,7 @@ class Engine:
                 self.wake_if_sleeping()
             return
         try:
-            self.control.send_to_coordinator(["P", name, waited] if parked else ["Q", name])
+            self.control.send_to_coordinator([Tag.PARKED, name, waited] if parked else [Tag.UNPARKED, name])
         except PeerLostError:
             pass                        # the engine thread reports the lost coordinator
 
@@ -431,26 +431,26 @@ class Engine:
         decoded = []
         for item in items:
             kind = item[0]
-            if kind == BATCH:
+            if kind == Tag.BATCH:
                 batch = [cache.get(x) if isinstance(x, int) else TensorResponse.from_wire(x) for x in item[1]]
-                decoded.append((BATCH, batch, item[1]))
+                decoded.append((Tag.BATCH, batch, item[1]))
             else:
                 decoded.append((kind, item, None))
         for kind, batch, raw in decoded:
-            if kind == BATCH and cache.enabled:
+            if kind == Tag.BATCH and cache.enabled:
                 for response, ref in zip(batch, raw):
                     if isinstance(ref, int):
                         cache.touch(ref)
                     else:
                         cache.put(response)
         for kind, payload, _ in decoded:
-            if kind == BATCH:
+            if kind == Tag.BATCH:
                 self._execute(payload, arrived)
-            elif kind == ERROR:
+            elif kind == Tag.ERROR:
                 self._fail_names(payload[1], payload[2])
-            elif kind == PARAMS:
+            elif kind == Tag.PARAMS:
                 self.set_params(payload[1])
-            elif kind == JOIN:
+            elif kind == Tag.JOINED:
                 entry = self._pop("join.noname")
                 if entry is not None:
                     flight.completed((entry,), arrived, time.time())

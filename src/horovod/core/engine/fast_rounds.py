@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import platform
 import time
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 
@@ -49,18 +49,7 @@ from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
-from horovod.core.controller.messages import (
-    R_DEVICE,
-    R_DTYPE,
-    R_GROUP,
-    R_NAME,
-    R_OP,
-    R_POST,
-    R_PRE,
-    R_ROOT,
-    R_SHAPE,
-    R_TYPE,
-)
+from horovod.core.controller.messages import Request
 from horovod.core.engine.executors import allocate_output
 from horovod.core.engine.layouts import split_rows, summed
 from horovod.core.engine.state import EngineState
@@ -86,22 +75,25 @@ def supported() -> bool:
     return doorbell.available() and platform.machine() == "x86_64"
 
 
-def key_of(request: list, nbytes: int, size: int = 2) -> Optional[bytes]:
+def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1)) -> Optional[bytes]:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
     a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
     differ do not match, and go through the coordinator) of one host tensor that fits a slot. Every rank of a
     fast allreduce
     reduces all ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond,
-    the data plane's reduce-scatter, which splits that work, is faster)."""
-    rtype = request[R_TYPE]
-    if rtype not in _TYPES or nbytes > FAST_SLOT_BYTES or request[R_GROUP] or request[R_DEVICE]:
+    the data plane's reduce-scatter, which splits that work, is faster). A broadcast whose root is not among the
+    set's ``ranks`` (global ranks) goes through the coordinator, which reports it."""
+    rtype, size = request.rtype, len(ranks)
+    if rtype not in _TYPES or nbytes > FAST_SLOT_BYTES or request.group or request.device:
         return None
-    if rtype in _REDUCING and ReduceOp(request[R_OP]) not in _OPS:
+    if rtype in _REDUCING and ReduceOp(request.reduce_op) not in _OPS:
         return None
     if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES:
         return None
-    key = (f"{int(rtype)}|{request[R_NAME]}|{request[R_DTYPE]}|{list(request[R_SHAPE])}|{request[R_OP]}|"
-           f"{float(request[R_PRE])!r}|{float(request[R_POST])!r}|{request[R_ROOT]}").encode()
+    if rtype == RequestType.BROADCAST and request.root not in ranks:
+        return None
+    key = (f"{int(rtype)}|{request.name}|{request.dtype}|{list(request.shape)}|{request.reduce_op}|"
+           f"{float(request.prescale)!r}|{float(request.postscale)!r}|{request.root}").encode()
     return key if len(key) <= KEY_ROOM else None
 
 
@@ -161,9 +153,9 @@ class FastRounds:
         b = k % 2
         request = entry.request
         tensor = entry.tensor.reshape(-1)
-        if request[R_TYPE] != RequestType.BROADCAST or self.ranks.index(request[R_ROOT]) == self.rank:
+        if request.rtype != RequestType.BROADCAST or self.ranks.index(request.root) == self.rank:
             scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
-                        float(request[R_PRE]))      # a broadcast's others send nothing
+                        float(request.prescale))      # a broadcast's others send nothing
         mine = self.words[self.rank]
         at = KEY_OFFSET + b * KEY_ROOM
         self.headers[self.rank][at:at + len(key)] = np.frombuffer(key, np.uint8)
@@ -232,17 +224,17 @@ class FastRounds:
     def _finish(self, entry: Entry, b: int) -> None:
         """The matched round's result into ``entry.output`` (an allgather's is allocated here)."""
         request = entry.request
-        rtype = request[R_TYPE]
+        rtype = request.rtype
         if rtype == RequestType.ALLREDUCE:
             self._reduce(entry, b)
             return
-        dtype = numpy_dtype(request[R_DTYPE])
+        dtype = numpy_dtype(request.dtype)
         n = entry.tensor.nbytes
         if rtype == RequestType.BROADCAST:
-            root = self.ranks.index(request[R_ROOT])
+            root = self.ranks.index(request.root)
             np.copyto(entry.output.reshape(-1), self.slots[root][b][:n].view(dtype))
             return
-        shape = tuple(request[R_SHAPE])
+        shape = tuple(request.shape)
         if rtype == RequestType.REDUCESCATTER:
             self._reduce_scatter(entry, b, shape, dtype)
             return
@@ -261,7 +253,7 @@ class FastRounds:
         out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
         flat = out.reshape(-1)
         slots = [pair[b][start:start + count * dtype.itemsize].view(dtype) for pair in self.slots]
-        op, postscale = summed(request[R_OP], float(request[R_POST]), self.size)
+        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
         combine(flat, slots[0], slots[1], op)
         for r in range(2, self.size):
             reduce_into(flat, slots[r], op)
@@ -270,11 +262,11 @@ class FastRounds:
 
     def _reduce(self, entry: Entry, b: int) -> None:
         request = entry.request
-        dtype = numpy_dtype(request[R_DTYPE])
+        dtype = numpy_dtype(request.dtype)
         out = entry.output.reshape(-1)
         n = out.nbytes
         slots = [s[b][:n].view(dtype) for s in self.slots]
-        op, postscale = summed(request[R_OP], float(request[R_POST]), self.size)
+        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
         combine(out, slots[0], slots[1], op)
         for r in range(2, self.size):
             reduce_into(out, slots[r], op)

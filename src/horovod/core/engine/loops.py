@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from horovod.backends.comm import PeerLostError
 from horovod.common import wire
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
-from horovod.core.controller.messages import PARAMS
+from horovod.core.controller.messages import Request, Tag
 from horovod.core.engine.observer import EngineObserver
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def _coordinate(engine: Engine, selector: selectors.BaseSelector) -> None:
         if engine.stopping and shutdown_reason is None:
             shutdown_reason = "rank 0 called hvd.shutdown()"
         if shutdown_reason is not None:
-            engine.control.broadcast(["S", shutdown_reason], best_effort=True)
+            engine.control.broadcast([Tag.SHUTDOWN, shutdown_reason], best_effort=True)
             engine.fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {shutdown_reason}.)"))
             return
         due = coord.emit_due(time.monotonic(), engine.settings.bucket_bytes, engine.hold_s)
@@ -62,7 +62,7 @@ def _coordinate(engine: Engine, selector: selectors.BaseSelector) -> None:
                 engine.drain_wake()
                 continue
             msg = engine.control.receive(peer, key.fileobj)
-            if msg[0] == "X":
+            if msg[0] == Tag.EXITING:
                 shutdown_reason = f"rank {engine.control.global_rank(peer)} called hvd.shutdown()"
                 selector.unregister(key.fileobj)
             else:
@@ -99,19 +99,19 @@ def _from_worker(engine: Engine, peer: int, msg: list) -> None:
     """A worker's control message (other than its shutdown)."""
     coord = engine.coordinator
     kind = msg[0]
-    if kind == "R":
-        for request in msg[1]:
-            coord.add_request(peer, request)
-    elif kind == "W":
+    if kind == Tag.REQUESTS:
+        for fields in msg[1]:
+            coord.add_request(peer, Request._make(fields))
+    elif kind == Tag.WAITING:
         coord.mark_waiting(peer, msg[1], len(msg) > 2 and bool(msg[2]))
         engine.active()
-    elif kind == "U":
+    elif kind == Tag.UNWAITING:
         coord.unmark_waiting(peer, msg[1])
-    elif kind == "P":
+    elif kind == Tag.PARKED:
         coord.park(peer, msg[1], msg[2])
-    elif kind == "Q":
+    elif kind == Tag.UNPARKED:
         coord.unpark(peer, msg[1])
-    elif kind == "A":
+    elif kind == Tag.ABORT:
         raise HorovodInternalError(msg[1])
 
 
@@ -123,7 +123,7 @@ def _emit(engine: Engine) -> None:
     items = engine.coordinator.take_ready()
     if not items:
         return
-    engine.control.broadcast(["L", items])
+    engine.control.broadcast([Tag.RESPONSES, items])
     engine.apply(items)
     engine.active()
     if hooks.propose:
@@ -136,8 +136,8 @@ def _tune(engine: Engine, observers: Sequence[EngineObserver]) -> None:
     for observer in observers:
         params = observer.propose(now)
         if params is not None:
-            item = [PARAMS, params]
-            engine.control.broadcast(["L", [item]])
+            item = [Tag.PARAMS, params]
+            engine.control.broadcast([Tag.RESPONSES, [item]])
             engine.apply([item])
         if observer.finished:
             engine.remove_observer(observer)
@@ -155,7 +155,7 @@ def _inspect(engine: Engine) -> Optional[float]:
     due = None
 
     def report(message: str) -> None:
-        engine.control.broadcast(["D", message], best_effort=True)     # every rank logs the report
+        engine.control.broadcast([Tag.DEADLOCK, message], best_effort=True)     # every rank logs the report
         engine.incident("report", message)                              # ... and writes its flight record
 
     for observer in observers:
@@ -210,7 +210,7 @@ def _work(engine: Engine, selector: selectors.BaseSelector) -> None:
 def _send_stop(engine: Engine) -> bool:
     """Tell the coordinator this rank shuts down; False when it is already gone (the engine then stops)."""
     try:
-        engine.control.send_to_coordinator(["X"])
+        engine.control.send_to_coordinator([Tag.EXITING])
     except PeerLostError:
         # The coordinator already closed (it shut down first): nothing left to tell it.
         engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
@@ -221,15 +221,15 @@ def _send_stop(engine: Engine) -> bool:
 def _from_coordinator(engine: Engine, msg: list) -> bool:
     """Act on one message from rank 0; False when it ends this engine (a shutdown)."""
     kind = msg[0]
-    if kind == "L":
+    if kind == Tag.RESPONSES:
         engine.apply(msg[1])
         engine.active()
-    elif kind == "S":
+    elif kind == Tag.SHUTDOWN:
         engine.fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {msg[1]}.)"))
         return False
-    elif kind == "A":
+    elif kind == Tag.ABORT:
         raise HorovodInternalError(msg[1])
-    elif kind == "D":
+    elif kind == Tag.DEADLOCK:
         stall_log.error("%s", msg[1])
         engine.incident("report", msg[1])
     return True

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from horovod.common import wire
+from horovod.core.controller.messages import Tag
 from horovod.core.engine.handles import Handle, waits_from_several_threads
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class WaitNotices:
         # Under the send lock: the notice follows this rank's requests, and no request for a later tensor of the
         # same name can be sent between the table check and the notice.
         try:
-            notice = ["W", list(handle.names)]
+            notice = [Tag.WAITING, list(handle.names)]
             if waits_from_several_threads():
                 notice.append(True)     # see handles.several_threads
             wire.send_msg(self.engine.control.socks[0], notice)
@@ -103,7 +104,7 @@ class WaitNotices:
             if expired and worker:
                 for names in expired:
                     try:
-                        wire.send_msg(self.engine.control.socks[0], ["U", names])
+                        wire.send_msg(self.engine.control.socks[0], [Tag.UNWAITING, names])
                     except OSError as exc:
                         raise self.engine.control.lost(0, exc) from None
         finally:

@@ -27,7 +27,6 @@ from typing import Dict, List, Optional
 
 from horovod.common import config, flight_records
 from horovod.common.types import DataType, ReduceOp, RequestType
-from horovod.core.controller.messages import R_DTYPE, R_NAME, R_OP, R_ROOT, R_SHAPE, R_TYPE
 from horovod.core.engine import flight
 from horovod.core.engine.observer import EngineObserver
 
@@ -119,15 +118,15 @@ def state_of(record: list) -> str:
 def entry_record(ring: flight.FlightRing, record: list) -> dict:
     """One collective, as written out (``plane``: the data plane that ran it, None until it started)."""
     request = record[flight.REQUEST]
-    rtype = RequestType(request[R_TYPE])
-    out = {"seq": record[flight.SEQ], "name": request[R_NAME], "op": rtype.name,
-           "dtype": DataType(request[R_DTYPE]).name.lower(), "shape": list(request[R_SHAPE]),
+    rtype = RequestType(request.rtype)
+    out = {"seq": record[flight.SEQ], "name": request.name, "op": rtype.name,
+           "dtype": DataType(request.dtype).name.lower(), "shape": list(request.shape),
            "bytes": record[flight.NBYTES], "state": state_of(record),
            "plane": ring.plane_of(record) if record[flight.STARTED] is not None else None}
     if rtype in (RequestType.ALLREDUCE, RequestType.REDUCESCATTER):
-        out["reduce_op"] = ReduceOp(request[R_OP]).name
+        out["reduce_op"] = ReduceOp(request.reduce_op).name
     if rtype == RequestType.BROADCAST:
-        out["root_rank"] = request[R_ROOT]
+        out["root_rank"] = request.root
     for field, name in ((flight.SUBMITTED, "submitted"), (flight.NEGOTIATED, "negotiated"),
                         (flight.STARTED, "started"), (flight.DONE, "done"), (flight.FAILED, "failed")):
         out[name + "_at"] = _stamp(record[field])
