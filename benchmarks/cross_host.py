@@ -18,9 +18,14 @@ median and worst of every sample); ``--json`` keeps the raw rows.
 
     sudo python benchmarks/cross_host.py [--hosts 2,3] [--iters 5] [--configs raw,ring,hier,flat,gloo]
                                          [--rounds 1] [--skip-latency] [--json out.json]
+    sudo python benchmarks/cross_host.py --plan '2:ring;8:ring,gloo1;4:hier' --skip-latency   # many hosts
+
+``--plan`` gives each host count its own configurations (``gloo1``/``gloo2``: Gloo at 1 or 2 ranks per host
+only). The end of the output lists the ratios the many-host work is judged by (:func:`ratios`).
 
 Link utilisation is the lower bound on the bytes any allreduce must bring into each host, 2(h-1)/h x 64 MB for
-h hosts (a ring with one rank per host moves exactly that: its busbw), over the time taken, over 125 MB/s.
+h hosts (a ring with one rank per host moves exactly that: its busbw), over the time taken, over 125 MB/s; with
+1 rank per host it is also the algbw's share of the ring bound, link x h / (2(h-1)).
 """
 from __future__ import annotations
 
@@ -149,6 +154,7 @@ CONFIGS = {  # name -> (label, ranks per host, environment); "raw" and "gloo" ar
              {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
     "tcp": ("ours, 2 ranks/host, HOROVOD_CPU_OPERATIONS=tcp (flat ring)", 2, {"HOROVOD_CPU_OPERATIONS": "tcp"}),
 }
+GLOO_SLOTS = {"gloo": (1, 2), "gloo1": (1,), "gloo2": (2,)}   # torch Gloo at 1 and/or 2 ranks per host
 DEFAULT_CONFIGS = "raw,ring,hier,flat,gloo"
 
 
@@ -162,8 +168,8 @@ def measure_once(cluster: HostCluster, names: Sequence[str], args: argparse.Name
                 rows.append({"hosts": count, "config": "raw TCP, " + ("2 streams opposite ways" if both_ways
                                                                        else "1 stream"),
                              "load": load(), "ceiling": link_ceiling(cluster, both_ways)})
-        elif name == "gloo":
-            for slots in (1, 2):
+        elif name.startswith("gloo"):
+            for slots in GLOO_SLOTS[name]:
                 rows.append({"hosts": count, "config": f"torch Gloo (torchrun), {slots} rank(s)/host",
                              "load": load(), "result": run_gloo(cluster, slots, worker, args.timeout)})
         else:
@@ -181,13 +187,26 @@ def config_spec(name: str) -> Tuple[str, int, Dict[str, str]]:
     return label + "".join(f", {a}" for a in assignments), slots, extra
 
 
-def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
-    """The chosen configurations on ``count`` fresh namespace hosts, alternated ``--rounds`` times."""
-    names = [n for n in args.configs.split(",") if n]
-    unknown = {n.split("+")[0] for n in names} - set(CONFIGS) - {"raw", "gloo"}
+def config_names(text: str) -> List[str]:
+    """Comma-separated configuration names, checked."""
+    names = [n for n in text.split(",") if n]
+    unknown = {n.split("+")[0] for n in names} - set(CONFIGS) - {"raw"} - set(GLOO_SLOTS)
     if unknown:
-        raise SystemExit(f"unknown --configs {sorted(unknown)}: choose from raw, gloo, {', '.join(CONFIGS)} "
-                         "(ours may take +VARIABLE=value suffixes)")
+        raise SystemExit(f"unknown configurations {sorted(unknown)}: choose from raw, {', '.join(GLOO_SLOTS)}, "
+                         f"{', '.join(CONFIGS)} (ours may take +VARIABLE=value suffixes)")
+    return names
+
+
+def plan(args: argparse.Namespace) -> List[Tuple[int, List[str]]]:
+    """(host count, configurations) in run order: ``--plan 2:ring;8:ring,gloo1``, else every --hosts x --configs."""
+    if args.plan:
+        steps = [part.split(":", 1) for part in args.plan.split(";") if part]
+        return [(int(count), config_names(names)) for count, names in steps]
+    return [(int(count), config_names(args.configs)) for count in args.hosts.split(",")]
+
+
+def measure_hosts(count: int, names: List[str], args: argparse.Namespace) -> List[dict]:
+    """The configurations ``names`` on ``count`` fresh namespace hosts, alternated ``--rounds`` times."""
     rows: List[dict] = []
     with namespace_hosts(count) as cluster:
         shape_all(cluster)
@@ -204,7 +223,7 @@ def measure_hosts(count: int, args: argparse.Namespace) -> List[dict]:
         small_only = ["0", "0", str(args.small_batches), str(args.small_calls)]
         rows.append({"hosts": count, "config": f"ours, 1 rank/host, +{DELAY_MS} ms", "load": load(),
                      "result": run_horovod(cluster, 1, {}, small_only, args.timeout)})
-        if "gloo" in names:
+        if any(n in ("gloo", "gloo1") for n in names):
             rows.append({"hosts": count, "config": f"torch Gloo, 1 rank/host, +{DELAY_MS} ms", "load": load(),
                          "result": run_gloo(cluster, 1, small_only, args.timeout)})
     return rows
@@ -275,6 +294,41 @@ def table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def _median_row(rows: List[dict], hosts: int, config: str) -> Optional[dict]:
+    found = [r for r in merge(rows) if r["hosts"] == hosts and r["config"] == config and (r["big"] or r["small"])]
+    return summarise(found[0]) if found else None
+
+
+def ratios(rows: List[dict]) -> List[str]:
+    """The figures the many-host work is judged by, from this run's medians (lines of text; none missing silently).
+
+    64 MB with 1 rank per host as a share of the ring bound (algbw <= link x h / (2(h-1)), i.e. busbw over the
+    link), against torch Gloo at 1 rank per host on the same hosts, the 4 KB latency at the most hosts over that at
+    the fewest, and 2 ranks per host hierarchical as a share of the link.
+    """
+    ring, hier, gloo = CONFIGS["ring"][0], CONFIGS["hier"][0], "torch Gloo (torchrun), 1 rank(s)/host"
+    counts = sorted({r["hosts"] for r in rows})
+    lines = []
+    for count in counts:
+        ours, theirs, two = (_median_row(rows, count, c) for c in (ring, gloo, hier))
+        if ours and "median" in ours:
+            lines.append(f"{count} hosts x 1 rank, 64 MB: {ours['median']['link']:.1f}% of the ring bound "
+                         f"({ours['median']['algbw']:.1f} MB/s algbw)")
+            if theirs and "median" in theirs:
+                speedup = ours["median"]["algbw"] / theirs["median"]["algbw"]
+                lines.append(f"{count} hosts x 1 rank, 64 MB: {speedup:.2f}x torch Gloo "
+                             f"({theirs['median']['algbw']:.1f} MB/s)")
+        if two and "median" in two:
+            lines.append(f"{count} hosts x 2 ranks hierarchical, 64 MB: {two['median']['link']:.1f}% of the link")
+    small = {c: (_median_row(rows, c, ring) or {}).get("small_us") for c in counts}
+    small = {c: v for c, v in small.items() if v}
+    if len(small) >= 2:
+        lo, hi = min(small), max(small)
+        lines.append(f"4 KB, 1 rank/host: {small[hi]:.0f} µs at {hi} hosts / {small[lo]:.0f} µs at {lo} hosts = "
+                     f"{small[hi] / small[lo]:.2f}x")
+    return lines
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="2,3", help="comma-separated host counts")
@@ -283,9 +337,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--small-batches", type=int, default=5)
     parser.add_argument("--small-calls", type=int, default=200, help="4 KB allreduces per batch")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
-                        help=f"comma-separated, run in this order each round: raw, gloo, "
-                             f"{', '.join(CONFIGS)}; "
+                        help=f"comma-separated, run in this order each round: raw, gloo (gloo1, gloo2: 1 or 2 "
+                             f"ranks/host only), {', '.join(CONFIGS)}; "
                         "ours take +VARIABLE=value suffixes (ring+HOROVOD_TCP_CHUNK_BYTES=0)")
+    parser.add_argument("--plan", help="per host count configurations, overriding --hosts and --configs: "
+                        "'2:ring;8:ring,gloo1;4:hier'")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the configurations, alternating")
     parser.add_argument("--skip-latency", action="store_true", help="no netem run")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per job")
@@ -293,11 +349,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     rows: List[dict] = []
-    for count in (int(c) for c in args.hosts.split(",")):
+    for count, names in plan(args):
         log.info("%d hosts, load %s", count, load())
-        rows += measure_hosts(count, args)
+        rows += measure_hosts(count, names, args)
         print(table([r for r in rows if r["hosts"] == count]), flush=True)
     print(table(rows))
+    print("\n".join(ratios(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0 if all(r.get("result") or "ceiling" in r or "skipped" in r for r in rows) else 1

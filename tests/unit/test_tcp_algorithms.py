@@ -137,12 +137,12 @@ def test_tcp_paths_are_the_ones_intended(tcp_group, size):
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
-def test_tcp_ring_and_direct_agree_bitwise_across_ranks(tcp_group, size):
+def test_tcp_every_algorithm_agrees_bitwise_across_ranks(tcp_group, size):
     backends = tcp_group(size)
     rng_in = [np.random.default_rng(r).standard_normal(LARGE).astype(np.float32) for r in range(size)]
-    for small_bytes in (1 << 30, 0):                         # force direct, then force ring
+    for algorithm in ("direct", "ring", "recursive_doubling", "rabenseifner"):
         for b in backends:
-            b.small_bytes = small_bytes
+            b.allreduce_algorithm = algorithm
         outs = run_ranks(size, lambda r: _allreduce(backends[r], rng_in[r].copy(), ReduceOp.SUM))
         for out in outs[1:]:
             assert out.tobytes() == outs[0].tobytes()
@@ -155,6 +155,8 @@ def test_tcp_ring_pipelined_in_chunks_matches_whole_blocks_bitwise(tcp_group, si
     # 100_003-element ring into many chunks with a short last one; every rank must get bitwise the same
     # result, and the same as with one chunk per block (the chunking must not change the arithmetic).
     backends = tcp_group(size)
+    for b in backends:
+        b.allreduce_algorithm = "ring"
     for dtype in (np.float32, np.float64, np.float16):
         ins = [np.random.default_rng(r).standard_normal(LARGE).astype(dtype) for r in range(size)]
         results = []
@@ -174,6 +176,7 @@ def test_tcp_ring_with_small_chunks_every_op_and_collective(tcp_group, size):
     backends = tcp_group(size)
     for b in backends:
         b.chunk_bytes = 1000
+        b.allreduce_algorithm = "ring"
     for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         check_allreduce(backends, LARGE, op)
     check_allreduce(backends, LARGE, ReduceOp.SUM, np.int64)

@@ -1,9 +1,18 @@
 """The socket data plane: ranks on different hosts (or any ranks, when forced).
 
-Large buffers use the bandwidth-optimal ring (reduce-scatter, then allgather: each rank sends 2(n-1)/n of the
-buffer); small ones use a single round of direct exchange, which is latency-optimal for the group sizes
-data-parallel jobs have. Every element is reduced in one fixed rank order, so all ranks get bitwise-identical
-results.
+Allreduce chooses among four algorithms by size and rank count (:func:`tcp_schedules.choose_allreduce`, whose
+module holds the schedules): for small buffers, direct exchange (every rank sends its buffer to every other) or
+recursive doubling, whichever takes fewer latency steps; for middle sizes on a power of two of ranks,
+Rabenseifner's recursive halving and doubling; for large ones the bandwidth-optimal ring (reduce-scatter, then
+allgather: each rank sends 2(n-1)/n of the buffer). HOROVOD_TCP_ALLREDUCE_ALGORITHM forces one; the timeline
+shows the one used as a nested activity (``TCP_RING``, ``TCP_DIRECT``, ``TCP_RECURSIVE_DOUBLING``,
+``TCP_RABENSEIFNER``). Broadcast is a binomial tree, or for large buffers a pipelined chain (``TCP_BINOMIAL``,
+``TCP_PIPELINE``; HOROVOD_TCP_BROADCAST_ALGORITHM forces one).
+
+Every algorithm reduces each element in an order fixed by the rank count alone (the direct exchange in rank
+order, the ring around the ring from the block's next rank, the recursive ones as a tree with the lower ranks'
+operand on the left), and each result is either computed alike on every rank or computed once and copied, so all
+ranks get bitwise-identical results; different algorithms may differ from each other in the last bits.
 
 The ring is pipelined: each block is cut into chunks of HOROVOD_TCP_CHUNK_BYTES (1 MiB; 0: whole blocks),
 and a chunk is passed on to the right neighbour (by a sender thread) as soon as it has been received and
@@ -17,15 +26,17 @@ import queue
 import socket
 import threading
 from concurrent.futures import Future
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 import numpy as np
 
+from horovod.backends import tcp_schedules as schedules
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets, split_counts
 from horovod.backends.comm import Comm, as_bytes
-from horovod.backends.reduce import reduce_into
+from horovod.backends.reduce import combine, reduce_into
 from horovod.common import config
+from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
 
 
@@ -89,6 +100,9 @@ class TcpBackend(Backend):
         self.comm = comm
         self.small_bytes = config.get("HOROVOD_TCP_SMALL_BYTES")
         self.chunk_bytes = config.get("HOROVOD_TCP_CHUNK_BYTES")
+        self.ring_bytes = config.get("HOROVOD_TCP_RING_BYTES")
+        self.allreduce_algorithm = config.get("HOROVOD_TCP_ALLREDUCE_ALGORITHM")
+        self.broadcast_algorithm = config.get("HOROVOD_TCP_BROADCAST_ALGORITHM")
         self._scratch = np.empty(0, np.uint8)
         self._stream = _StreamSender()
 
@@ -102,23 +116,48 @@ class TcpBackend(Backend):
     def allreduce_buffer(self, buf: np.ndarray, op: ReduceOp) -> None:
         if self.size == 1:
             return
-        if buf.nbytes <= self.small_bytes:
-            self._direct_allreduce(buf, op)
-            return
-        counts = split_counts(buf.size, self.size)
-        self._ring_reduce_scatter(buf, counts, op)
-        self._ring_allgather(buf, counts)
+        algorithm = schedules.choose_allreduce(self.size, buf.nbytes, self.small_bytes, self.ring_bytes,
+                                               self.allreduce_algorithm)
+        with activity(f"TCP_{algorithm.upper()}"):
+            if algorithm == "direct":
+                self._direct_allreduce(buf, op)
+            elif algorithm == "recursive_doubling":
+                self._run_steps(buf, schedules.recursive_doubling(self.rank, self.size, buf.size), op)
+            elif algorithm == "rabenseifner":
+                self._run_steps(buf, schedules.rabenseifner(self.rank, self.size, buf.size), op)
+            else:
+                counts = split_counts(buf.size, self.size)
+                self._ring_reduce_scatter(buf, counts, op)
+                self._ring_allgather(buf, counts)
 
     def _direct_allreduce(self, buf: np.ndarray, op: ReduceOp) -> None:
         n, size, rank = buf.size, self.size, self.rank
         parts = self._tmp(n * size, buf.dtype).reshape(size, n)
         parts[rank] = buf
         mine = as_bytes(buf)
-        for k in range(1, size):
-            self.comm.sendrecv((rank + k) % size, mine, (rank - k) % size, as_bytes(parts[(rank - k) % size]))
+        for dst, src in schedules.direct(rank, size):
+            self.comm.sendrecv(dst, mine, src, as_bytes(parts[src]))
         np.copyto(buf, parts[0])
         for r in range(1, size):
             reduce_into(buf, parts[r], op)
+
+    def _run_steps(self, buf: np.ndarray, steps: Sequence[schedules.Step], op: ReduceOp) -> None:
+        """Run a schedule of pairwise exchanges (:class:`tcp_schedules.Step`) on ``buf`` in place."""
+        for step in steps:
+            (slo, shi), (rlo, rhi) = step.send, step.recv
+            target = buf[rlo:rhi]
+            incoming = self._tmp(rhi - rlo, buf.dtype) if step.reduce else target
+            if shi > slo and rhi > rlo:
+                self.comm.sendrecv(step.peer, as_bytes(buf[slo:shi]), step.peer, as_bytes(incoming))
+            elif shi > slo:
+                self.comm.send(step.peer, as_bytes(buf[slo:shi]))
+            elif rhi > rlo:
+                self.comm.recv_into(step.peer, as_bytes(incoming))
+            if step.reduce and rhi > rlo:
+                if step.peer_first:
+                    combine(target, incoming, target, op)
+                else:
+                    reduce_into(target, incoming, op)
 
     def _ring_reduce_scatter(self, buf: np.ndarray, counts: Sequence[int], op: ReduceOp) -> None:
         """After this, block ``rank`` of ``buf`` holds the reduction of every rank's block ``rank``."""
@@ -137,11 +176,7 @@ class TcpBackend(Backend):
         memory is overwritten only after every rank has added to it, so no queued send can see a later write.
         """
         size, rank = self.size, self.rank
-        steps: List[Tuple[int, int, bool]] = []  # (block sent, block received, reduce it)
-        if reduce_scatter:
-            steps += [((rank - s - 1) % size, (rank - s - 2) % size, True) for s in range(size - 1)]
-        if allgather:
-            steps += [((rank - s) % size, (rank - s - 1) % size, False) for s in range(size - 1)]
+        steps = schedules.ring(rank, size, reduce_scatter, allgather)  # (block sent, block received, reduce it)
         starts = offsets(counts)
         chunk = max(1, self.chunk_bytes // buf.itemsize) if self.chunk_bytes > 0 else max(max(counts), 1)
 
@@ -197,23 +232,39 @@ class TcpBackend(Backend):
         self._ring_allgather(out, counts)
 
     def broadcast(self, buf: np.ndarray, root: int) -> None:
-        """Binomial tree rooted at ``root``: ceil(log2(size)) rounds."""
-        size = self.size
-        if size == 1:
+        """A binomial tree rooted at ``root`` (ceil(log2(size)) rounds), or for large buffers a pipelined chain."""
+        if self.size == 1:
             return
-        view = as_bytes(buf)
-        vrank = (self.rank - root) % size
-        mask = 1
-        while mask < size:
-            if vrank & mask:
-                self.comm.recv_into((vrank - mask + root) % size, view)
-                break
-            mask <<= 1
-        mask >>= 1
-        while mask > 0:
-            if vrank + mask < size:
-                self.comm.send((vrank + mask + root) % size, view)
-            mask >>= 1
+        algorithm = schedules.choose_broadcast(self.size, buf.nbytes, self.chunk_bytes, self.broadcast_algorithm)
+        with activity(f"TCP_{algorithm.upper()}"):
+            if algorithm == "pipeline":
+                self._pipeline_broadcast(as_bytes(buf), root)
+                return
+            view = as_bytes(buf)
+            parent, children = schedules.binomial_tree(self.rank, self.size, root)
+            if parent is not None:
+                self.comm.recv_into(parent, view)
+            for child in children:
+                self.comm.send(child, view)
+
+    def _pipeline_broadcast(self, view: memoryview, root: int) -> None:
+        """The chain root -> root+1 -> ...: each chunk goes on (by the sender thread) as soon as it arrives."""
+        before, after = schedules.chain(self.rank, self.size, root)
+        if before is None:
+            self.comm.send(after, view)
+            return
+        chunk = self.chunk_bytes if self.chunk_bytes > 0 else max(len(view), 1)
+        try:
+            for lo in range(0, len(view), chunk):
+                piece = view[lo:lo + chunk]
+                self.comm.recv_into(before, piece)
+                if after is not None:
+                    self._stream.send(self.comm, after, piece)
+        except BaseException:
+            if after is not None:
+                self._abandon(after)
+            raise
+        self._stream.flush().result()
 
     def alltoallv(self, inp: np.ndarray, send_counts: Sequence[int], out: np.ndarray,
                   recv_counts: Sequence[int], max_count: int = 0) -> None:

@@ -59,6 +59,16 @@ def _str(text: str) -> str:
     return text
 
 
+def _choice(*names: str) -> Callable[[str], str]:
+    """A parser accepting one of ``names`` (any case, surrounding spaces ignored)."""
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in names:
+            raise ValueError(f"choose one of {', '.join(names)}")
+        return value
+    return parse
+
+
 _KNOBS = [
     # Tunables.
     Knob("HOROVOD_FUSION_THRESHOLD", int, 128 * 1024 * 1024, "Tensor Fusion buffer bytes; 0 disables fusion."),
@@ -149,6 +159,17 @@ _KNOBS = [
     Knob("HOROVOD_TCP_CHUNK_BYTES", int, 1024 * 1024,
          "Chunk of the tcp data plane's pipelined ring: each chunk goes on to the next rank as soon as it is "
          "reduced; 0 sends each ring step's block whole.", ours=True),
+    Knob("HOROVOD_TCP_RING_BYTES", int, 1024 * 1024,
+         "From this size on the tcp data plane's allreduce uses the pipelined ring; between HOROVOD_TCP_SMALL_BYTES "
+         "and this, Rabenseifner's recursive halving and doubling when the rank count is a power of two (>= 4).",
+         ours=True),
+    Knob("HOROVOD_TCP_ALLREDUCE_ALGORITHM",
+         _choice("auto", "ring", "direct", "recursive_doubling", "rabenseifner"), "auto",
+         "The tcp data plane's allreduce algorithm; auto chooses by size and rank count (docs/architecture.md). "
+         "Set it alike on every rank.", ours=True),
+    Knob("HOROVOD_TCP_BROADCAST_ALGORITHM", _choice("auto", "binomial", "pipeline"), "auto",
+         "The tcp data plane's broadcast: a binomial tree, or a pipelined chain from the root in chunks of "
+         "HOROVOD_TCP_CHUNK_BYTES; auto chooses by size and rank count. Set it alike on every rank.", ours=True),
     Knob("HOROVOD_TF_OVERLAP_BYTES", int, None,
          "TensorFlow, inside tf.function: dense gradients of at least this many bytes start their allreduce alone "
          "as soon as they exist, the smaller ones together (0: each alone, as upstream); unset sends every step's "
