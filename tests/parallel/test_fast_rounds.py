@@ -14,6 +14,7 @@ import horovod.numpy as hvd
 from horovod.backends.shm import FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.core import basics, ops
+from horovod.core.engine.fast_rounds import REDUCE_TOTAL_BYTES
 
 
 def _fast():
@@ -56,8 +57,10 @@ def test_scale_factors_and_in_place():
 
 
 def test_a_slot_sized_op_goes_fast_and_a_larger_one_does_not():
+    """The largest allreduce that goes fast: a slot, or less where every rank would read more than
+    REDUCE_TOTAL_BYTES of slots."""
     size = hvd.size()
-    fits = np.ones(FAST_SLOT_BYTES // 4, np.float32)
+    fits = np.ones(min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size) // 4, np.float32)
     before = _matched()
     np.testing.assert_array_equal(hvd.allreduce(fits, op=hvd.Sum, name="fr.fits"), np.full_like(fits, size))
     _expect_fast(before)

@@ -55,7 +55,7 @@ PID, ADDRESS, NBYTES, VERDICT, TOKEN = 0, 1, 2, 4, 5
 # then per rank a header of FAST_HEADER_BYTES and two data slots of FAST_SLOT_BYTES.
 FAST_LINE_BYTES = 64
 FAST_HEADER_BYTES = 512
-FAST_SLOT_BYTES = 256 * 1024
+FAST_SLOT_BYTES = 1024 * 1024
 
 
 def _align_down(n: int, unit: int) -> int:

@@ -52,8 +52,8 @@ def _counts(nbytes: int, n: int) -> tuple:
 
 class HorovodPeer(Peer):
     """This project, through the op layer every binding calls (``horovod.core.ops``): buffers made once and
-    reused; allreduce, allgather and broadcast marked blocking, as ``hvd.allreduce``, ``hvd.allgather`` and
-    ``hvd.broadcast`` mark theirs (a small one may take a fast round)."""
+    reused; allreduce, allgather, broadcast and reducescatter marked blocking, as the bindings' blocking calls
+    mark theirs (a small one may take a fast round)."""
 
     name = "horovod"
 
@@ -85,11 +85,15 @@ class HorovodPeer(Peer):
             with ops.blocking():
                 ops.broadcast_async(x, 0, output=x, name=name).wait()
 
+        def reducescatter() -> None:
+            with ops.blocking():
+                ops.reducescatter_async(x, name=name, op=self._hvd.Sum).wait()
+
         table: Dict[str, Run] = {
             "allreduce": allreduce,
             "allgather": allgather,
             "broadcast": broadcast,
-            "reducescatter": lambda: ops.reducescatter_async(x, name=name, op=self._hvd.Sum).wait(),
+            "reducescatter": reducescatter,
             "alltoall": lambda: ops.alltoall_async(x, name=name).wait(),
         }
         return table.get(op)

@@ -67,7 +67,7 @@ KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
 _REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
-REDUCE_TOTAL_BYTES = 1 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
+REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 
 
 def supported() -> bool:
