@@ -38,6 +38,7 @@ architectures take the coordinator path (:func:`supported`).
 """
 from __future__ import annotations
 
+import os
 import platform
 import time
 from typing import TYPE_CHECKING, List, Optional, Sequence
@@ -73,6 +74,14 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 def supported() -> bool:
     """Fast rounds need a futex and x86-64's ordering of plain stores and loads."""
     return doorbell.available() and platform.machine() == "x86_64"
+
+
+def _cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1)) -> Optional[bytes]:
@@ -117,6 +126,7 @@ class FastRounds:
         self.last_fast = [0, 0]
         self.readers: List[List[int]] = [[], []]
         self.off = False                # a rank joined: nobody posts FAST any more
+        self.may_spin = size <= _cores()
         self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
 
     def close(self) -> None:
@@ -205,8 +215,9 @@ class FastRounds:
         if not missing:
             return
         # Poll first, as the engine thread does after activity (HOROVOD_SPIN_MICROSECONDS): a peer that posts
-        # within the spin costs neither a futex sleep here nor a wake-up there (half a small op's time).
-        spin_until = time.perf_counter() + engine.spin_s
+        # within the spin costs neither a futex sleep here nor a wake-up there (half a small op's time). Not
+        # when the set's ranks outnumber this process's cores: the spin would take the core a peer needs.
+        spin_until = time.perf_counter() + (engine.spin_s if self.may_spin else 0.0)
         while time.perf_counter() < spin_until:
             missing = [p for p in missing if not self._posted(p, k)]
             if not missing:
