@@ -115,6 +115,20 @@ class PowerSGDCompressor(Compressor):
         return r if r > 0 and (n + m) * r * self.min_compression_rate < n * m else 0
 
 
+def powersgd(matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1000, min_compression_rate: float = 2,
+             use_error_feedback: bool = True, warm_start: bool = True, orthogonalization_epsilon: float = 0,
+             random_seed: int = 0) -> PowerSGDCompressor:
+    """``Compression.powersgd(...)`` of every binding: PowerSGD (ours; DDP's ``powerSGD_hook`` with the names and
+    defaults of its ``PowerSGDState``). Each matrix gradient (``shape[0]`` x the rest: a convolution kernel as
+    out-channels x the rest) that compresses at least ``min_compression_rate`` times is exchanged as two
+    rank-``matrix_approximation_rank`` factors, after ``start_powerSGD_iter`` plain steps, with error feedback
+    and a warm-started Q. It keeps state from step to step, so it works where a gradient reducer keeps it: the
+    ``DistributedOptimizer`` of torch, JAX, TensorFlow and Keras (on the TensorFlow backend) and horovod.tensorflow's
+    ``DistributedGradientTape``, with op Average or Sum. See docs/compression.md."""
+    return PowerSGDCompressor(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate,
+                              use_error_feedback, warm_start, orthogonalization_epsilon, random_seed)
+
+
 def check_powersgd_op(compression: object, op: ReduceOp) -> None:
     """PowerSGD approximates a sum or mean of gradients: refuse ``op=Adasum`` with it, saying what to do."""
     if isinstance(compression, PowerSGDCompressor) and op == Adasum:

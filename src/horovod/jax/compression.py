@@ -7,7 +7,13 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from horovod.common.compression import CastCompressor, Compressor, NoneCompressor, PowerSGDCompressor  # noqa: F401
+from horovod.common.compression import (  # noqa: F401
+    CastCompressor,
+    Compressor,
+    NoneCompressor,
+    PowerSGDCompressor,
+    powersgd,
+)
 
 
 class _CastCompressor(CastCompressor):
@@ -45,13 +51,4 @@ class Compression:
     fp16 = FP16Compressor
     bf16 = BF16Compressor
 
-    @staticmethod
-    def powersgd(matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1000,
-                 min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0, random_seed: int = 0) -> PowerSGDCompressor:
-        """PowerSGD (ours; DDP's ``powerSGD_hook``, the names and defaults of its ``PowerSGDState``), for
-        ``DistributedOptimizer`` only: each matrix leaf that compresses at least ``min_compression_rate`` times
-        is exchanged as two rank-``matrix_approximation_rank`` factors after ``start_powerSGD_iter`` plain
-        updates, with error feedback and a warm-started Q kept in the optax state. See docs/compression.md."""
-        return PowerSGDCompressor(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate,
-                                  use_error_feedback, warm_start, orthogonalization_epsilon, random_seed)
+    powersgd = staticmethod(powersgd)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from horovod.common.compression import CastCompressor, Compressor, NoneCompressor, PowerSGDCompressor  # noqa: F401
+from horovod.common.compression import (  # noqa: F401
+    CastCompressor,
+    Compressor,
+    NoneCompressor,
+    PowerSGDCompressor,
+    powersgd,
+)
 
 
 class _CastCompressor(CastCompressor):
@@ -42,15 +48,4 @@ class Compression:
     fp16 = FP16Compressor
     bf16 = BF16Compressor
 
-    @staticmethod
-    def powersgd(matrix_approximation_rank: int = 1, start_powerSGD_iter: int = 1000,
-                 min_compression_rate: float = 2, use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0, random_seed: int = 0) -> PowerSGDCompressor:
-        """PowerSGD (ours; DDP's ``powerSGD_hook`` with the names and defaults of its ``PowerSGDState``): each
-        matrix gradient (``shape[0]`` x the rest) that compresses at least ``min_compression_rate`` times is
-        exchanged as two rank-``matrix_approximation_rank`` factors, after ``start_powerSGD_iter`` plain steps,
-        with error feedback and a warm-started Q. Only for ``DistributedGradientTape`` and ``DistributedOptimizer``
-        (horovod.tensorflow, horovod.tensorflow.keras), with op Average or Sum (it keeps state from step
-        to step). See docs/compression.md."""
-        return PowerSGDCompressor(matrix_approximation_rank, start_powerSGD_iter, min_compression_rate,
-                                  use_error_feedback, warm_start, orthogonalization_epsilon, random_seed)
+    powersgd = staticmethod(powersgd)
