@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from test_tcp_algorithms import close_comms, make_comms, run_ranks
 
-from horovod.backends.adasum import SQRT_DBL_MIN, tensor_pieces, tree_weights
+from horovod.backends.adasum import SQRT_DBL_MIN, plane_adasum, tensor_pieces, tree_weights
 from horovod.backends.hierarchical import HierarchicalBackend
 from horovod.backends.local import LocalBackend
 from horovod.backends.shm import ShmBackend
@@ -183,7 +183,7 @@ def run_adasum(backends, per_rank, prescale=1.0, postscale=1.0, in_place=False):
     def work(r):
         inputs = [x.copy() for x in per_rank[r]]
         outputs = inputs if in_place else [np.full_like(x, np.nan) for x in inputs]
-        backends[r].adasum(inputs, outputs, prescale, postscale)
+        plane_adasum(backends[r], inputs, outputs, prescale, postscale)
         return outputs
 
     return run_ranks(len(backends), work)

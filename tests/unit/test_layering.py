@@ -37,6 +37,18 @@ def test_an_upward_import_breaks_it(tmp_path, module, line, broken):
     assert broken in result.stdout, result.stdout
 
 
+def test_a_cycle_through_a_type_checking_import_breaks_it(tmp_path):
+    """An import made only for annotations still ties two modules together: the engine's helpers name what they
+    need of it in protocols, and naming ``Engine`` under TYPE_CHECKING instead closes a cycle."""
+    shutil.copytree(ROOT / "src" / "horovod", tmp_path / "horovod", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "horovod" / "core" / "engine" / "loops.py"
+    target.write_text(target.read_text() + "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                      "    from horovod.core.engine.engine import Engine  # a cycle\n")
+    result = lint(tmp_path, ROOT / "pyproject.toml")
+    assert result.returncode != 0
+    assert "no import cycles" in result.stdout and ".loops -> .engine (1 import)" in result.stdout, result.stdout
+
+
 def test_the_runner_does_not_import_the_package_root():
     """``horovod/__init__`` pulls in the op layer; the runner reads the version from horovod.version."""
     graph = grimp.build_graph("horovod")

@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING, Callable, List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
+from horovod.backends.base import Backend
 from horovod.backends.blocks import split_counts
 from horovod.backends.reduce import scaled_copy
 from horovod.common.types import ReduceOp
-
-if TYPE_CHECKING:
-    from horovod.backends.base import Backend
 
 SQRT_DBL_MIN = math.sqrt(sys.float_info.min)       # upstream's sqrt_double_min
 WIDE_ELEMENTS = 1 << 19                             # float64 elements converted at a time (4 MiB), all rows
@@ -222,6 +220,22 @@ def scatter_output(fused: np.ndarray, outputs: List[np.ndarray]) -> None:
     for out in outputs:
         np.copyto(out, fused[offset:offset + out.size])
         offset += out.size
+
+
+def plane_adasum(plane: Backend, inputs: List[np.ndarray], outputs: List[np.ndarray], prescale: float = 1.0,
+                 postscale: float = 1.0) -> None:
+    """Adasum of each ``inputs[i]`` across ``plane``'s ranks into ``outputs[i]`` (float16/32/64; docs/adasum.md).
+
+    A plane with an Adasum of its own defines an ``adasum`` method with these arguments, and that runs (one
+    rank: a scaled copy; hierarchical: the flat algorithm, or Adasum across hosts of the host sums). On every
+    other plane the Gram-matrix algorithm runs on the plane's alltoallv, allreduce and allgatherv
+    (:func:`adasum_allreduce`). A rank that joined passes zeros, which leave the others' result unchanged.
+    """
+    own = getattr(plane, "adasum", None)
+    if own is not None:
+        own(inputs, outputs, prescale, postscale)
+    else:
+        adasum_allreduce(plane, inputs, outputs, prescale, postscale)
 
 
 def adasum_allreduce(backend: Backend, inputs: List[np.ndarray], outputs: List[np.ndarray],

@@ -4,6 +4,9 @@ All methods work on flat, contiguous numpy arrays of one dtype and are called by
 same order on every rank of the group. Counts are in elements. Allreduce takes lists of arrays so that a
 backend can move a fused batch without first copying it into a separate fusion buffer; the default
 implementation here does use a reusable fusion buffer and calls :meth:`Backend.allreduce_buffer`.
+
+Adasum is not part of the interface: :func:`horovod.backends.adasum.plane_adasum` runs it on any plane through
+the primitives here, or through the plane's own ``adasum`` method where it has one (one rank, hierarchical).
 """
 from __future__ import annotations
 
@@ -54,17 +57,6 @@ class Backend(abc.ABC):
             for out in outputs:
                 scaled_copy(out, buf[offset:offset + out.size], postscale)
                 offset += out.size
-
-    def adasum(self, inputs: List[np.ndarray], outputs: List[np.ndarray], prescale: float = 1.0,
-               postscale: float = 1.0) -> None:
-        """Adasum of each ``inputs[i]`` across ranks into ``outputs[i]`` (float16/32/64; docs/adasum.md).
-
-        The default runs the Gram-matrix algorithm of :mod:`horovod.backends.adasum` on this plane's alltoallv,
-        allreduce and allgatherv; a rank that joined passes zeros, which leave the others' result unchanged.
-        """
-        from horovod.backends.adasum import adasum_allreduce  # it builds on this module
-
-        adasum_allreduce(self, inputs, outputs, prescale, postscale)
 
     def op_label(self, op: str, nbytes: int) -> str:
         """The timeline's name for this data plane's ``op`` (e.g. ``SHM_ALLREDUCE``, ``MPI_BCAST``)."""

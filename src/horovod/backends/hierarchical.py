@@ -22,7 +22,14 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
-from horovod.backends.adasum import check_dtype, gather_input, reduce_vector, scatter_output, tensor_bounds
+from horovod.backends.adasum import (
+    check_dtype,
+    gather_input,
+    plane_adasum,
+    reduce_vector,
+    scatter_output,
+    tensor_bounds,
+)
 from horovod.backends.base import Backend
 from horovod.backends.blocks import split_counts
 from horovod.backends.shm import ShmBackend
@@ -130,7 +137,7 @@ class HierarchicalBackend(Backend):
         averages: upstream's GPU path divides its postscale by local_size the same way).
         """
         if not self.hierarchical_adasum:
-            self.flat.adasum(inputs, outputs, prescale, postscale)
+            plane_adasum(self.flat, inputs, outputs, prescale, postscale)
             return
         check_dtype(inputs[0].dtype)
         vec = gather_input(self, inputs, prescale)

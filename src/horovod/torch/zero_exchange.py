@@ -17,23 +17,36 @@ transients are ``mine`` (1/n of it) and, on GPUs, the staged allgather output.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Tuple
+from typing import Callable, Dict, List, Protocol, Tuple
 
 import torch
 
+from horovod.common.types import ReduceOp
 from horovod.common.zero_layout import BucketLayout, layout
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet
 from horovod.torch.mpi_ops import allgather_async, reducescatter_async, synchronize
 from horovod.torch.tensors import numpy_view
 
-if TYPE_CHECKING:                                     # pragma: no cover
-    from horovod.torch.zero_optimizer import ZeroRedundancyOptimizer
+
+class Sharded(Protocol):
+    """What the exchange needs of its optimizer (``zero_optimizer.ZeroRedundancyOptimizer`` is one)."""
+
+    rank: int                       # this rank's position in the process set
+    world_size: int
+    process_set: ProcessSet
+    op: ReduceOp                    # Average or Sum
+    _params: List[torch.Tensor]     # every parameter, in param_groups order
+    _owner: Dict[int, int]          # parameter index -> the rank that owns it
+    _buckets: List[List[int]]       # each bucket's parameter indices
+    _scales: Tuple[float, float]    # the reducescatter's prescale and postscale
+    _name: str                      # the prefix of the collectives' names
 
 
 class BucketExchange:
     """The buffers, views and in-flight reducescatters of one optimizer's buckets."""
 
-    def __init__(self, opt: ZeroRedundancyOptimizer) -> None:
+    def __init__(self, opt: Sharded) -> None:
         self.opt = opt
         self._layouts: Dict[Tuple[int, Tuple[int, ...]], BucketLayout] = {}
         self._flat: Dict[int, Tuple[Tuple[int, ...], torch.Tensor]] = {}

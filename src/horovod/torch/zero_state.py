@@ -10,23 +10,43 @@ from __future__ import annotations
 
 import copy
 import io
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 import torch
 
 from horovod.core import ops
+from horovod.core.process_sets import ProcessSet
 from horovod.torch.mpi_ops import allgather_async, alltoall_async, synchronize
 
-if TYPE_CHECKING:                                     # pragma: no cover
-    from horovod.torch.zero_optimizer import ZeroRedundancyOptimizer
+
+class Sharded(Protocol):
+    """What the state dicts need of their optimizer (``zero_optimizer.ZeroRedundancyOptimizer`` is one)."""
+
+    rank: int                       # this rank's position in the process set
+    process_set: ProcessSet
+    param_groups: List[Dict[str, Any]]
+    optim: torch.optim.Optimizer    # the optimizer of this rank's own parameters (local ids)
+    _params: List[torch.Tensor]     # every parameter, in param_groups order
+    _owner: Dict[int, int]          # parameter index -> the rank that owns it
+    _name: str                      # the prefix of the collectives' names
+    _consolidated: Optional[Dict[int, dict]]    # the whole state gathered here, by whole-state ids
+
+    def _check_membership(self) -> None:
+        """Raise when the process set changed since the parameters were partitioned."""
+
+    def _distributed(self) -> bool:
+        """More than one rank shares the state."""
+
+    def _sync_param_groups(self, source: List[dict], target: List[dict]) -> None:
+        """Copy the groups' options (all but ``params``) from ``source`` to ``target``."""
 
 
-def _owned_indices(opt: ZeroRedundancyOptimizer) -> List[int]:
+def _owned_indices(opt: Sharded) -> List[int]:
     """The whole-state ids of this rank's parameters, in the order of ``.optim``'s (local) ids."""
     return [i for i in range(len(opt._params)) if opt._owner[i] == opt.rank]
 
 
-def shard(opt: ZeroRedundancyOptimizer) -> Dict[int, dict]:
+def shard(opt: Sharded) -> Dict[int, dict]:
     """This rank's state, keyed by whole-state ids."""
     owned = _owned_indices(opt)
     return {owned[local]: value for local, value in opt.optim.state_dict()["state"].items()}
@@ -43,7 +63,7 @@ def _from_bytes(data: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
-def consolidate(opt: ZeroRedundancyOptimizer, to: Optional[int]) -> None:
+def consolidate(opt: Sharded, to: Optional[int]) -> None:
     """Gather every shard to global rank ``to`` of the process set (every rank of it when ``to`` is None)."""
     opt._check_membership()
     opt._sync_param_groups(opt.param_groups, opt.optim.param_groups)
@@ -82,7 +102,7 @@ def _on_cpu(value: Any) -> Any:
     return value
 
 
-def full_state_dict(opt: ZeroRedundancyOptimizer) -> Dict[str, Any]:
+def full_state_dict(opt: Sharded) -> Dict[str, Any]:
     """The consolidated state with this optimizer's current ``param_groups`` (a plain optimizer's layout)."""
     if opt._consolidated is None:
         here = ops.set_ranks(opt.process_set)[opt.rank] if opt._distributed() else "this rank"
@@ -95,7 +115,7 @@ def full_state_dict(opt: ZeroRedundancyOptimizer) -> Dict[str, Any]:
     return state_dict
 
 
-def load(opt: ZeroRedundancyOptimizer, state_dict: Dict[str, Any]) -> None:
+def load(opt: Sharded, state_dict: Dict[str, Any]) -> None:
     """Keep copies of this rank's shard of ``state_dict`` (ids matched to parameters by position in the groups,
     as a plain optimizer's ``load_state_dict`` does) and take its options; ``state_dict`` is left unchanged."""
     groups, saved_groups = opt.param_groups, state_dict["param_groups"]

@@ -1,4 +1,5 @@
 """The engine: one background thread per process that negotiates and executes collectives."""
-from horovod.core.engine.engine import Engine, Entry
+from horovod.core.engine.engine import Engine
+from horovod.core.engine.entry import Entry
 
 __all__ = ["Engine", "Entry"]

@@ -8,14 +8,17 @@ Fusion has something to fuse while a lone op is never delayed. Every rank applie
 lists in the same order, which is what makes the data plane's collectives line up across ranks.
 
 The parts, one module each: :mod:`.settings` (what it runs with), :mod:`.state` (its life cycle),
-:mod:`.control` (the control channel), :mod:`.loops` (the coordinator's and the workers' loops),
-:mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per collective, with
-:mod:`.layouts`), :mod:`.device_executors` and :mod:`.device_planes` (device buffers, docs/gpu.md),
-:mod:`.fast_rounds` (small blocking allreduces without the coordinator), :mod:`.handles`, :mod:`.output_pool`
-(memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and autotuner
-implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears of engines
-starting and stopping: the data-plane watchdog). The engine thread publishes the batch it runs (``running``) for the watchdog, and fails a
-stalled batch with the watchdog's report (``stall_reason``).
+:mod:`.entry` (a submitted collective), :mod:`.control` (the control channel), :mod:`.loops` (the coordinator's
+and the workers' loops), :mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per
+collective, with :mod:`.layouts`), :mod:`.device_executors` and :mod:`.device_planes` (device buffers,
+docs/gpu.md), :mod:`.fast_rounds` (small blocking collectives without the coordinator), :mod:`.handles`,
+:mod:`.output_pool` (memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and
+autotuner implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears
+of engines starting and stopping: the data-plane watchdog). No part imports this module: each one that works with
+the engine names what it needs of it in a protocol (``executors.Executing``, ``loops.Looping``,
+``waits.Noticing``, ``fast_rounds.Parking``), which :class:`Engine` satisfies. The engine thread publishes the
+batch it runs (``running``) for the watchdog, and fails a stalled batch with the watchdog's report
+(``stall_reason``).
 
 Failure handling: a peer whose socket closes, or any error inside a collective, aborts the engine. Every
 pending and future handle then fails with :class:`HorovodInternalError`, and this process's sockets close, so
@@ -32,26 +35,25 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar
 
-import numpy as np
-
 from horovod.backends.base import Backend
 from horovod.backends.comm import PeerLostError
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
-from horovod.core.controller.messages import Request, Tag, TensorResponse
+from horovod.core.controller.messages import Tag, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
 from horovod.core.engine import fast_rounds, flight, lifecycle, loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.device_planes import DevicePlanes
+from horovod.core.engine.entry import Entry
 from horovod.core.engine.executors import run_batch
 from horovod.core.engine.handles import Handle
 from horovod.core.engine.observer import EngineObserver, Hooks
 from horovod.core.engine.settings import EngineSettings
 from horovod.core.engine.state import EngineState
-from horovod.core.engine.waits import WaitNotices
+from horovod.core.engine.waits import Note, WaitNotices
 
-log = logging.getLogger("horovod.engine")
+log = logging.getLogger(__name__)
 
 DUPLICATE_NAME_MESSAGE = (
     "Requested to {op} a tensor with the same name as another tensor that is currently being processed "
@@ -60,27 +62,6 @@ DUPLICATE_NAME_MESSAGE = (
 )
 SHUTDOWN_WAIT_SECONDS = loops.SHUTDOWN_WAIT_SECONDS
 ObserverT = TypeVar("ObserverT", bound=EngineObserver)
-
-
-class Entry:
-    """This rank's side of one named collective: its request, buffers and handle."""
-
-    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index", "flight")
-
-    def __init__(self, request: Request, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
-                 handle: Handle, index: int = 0,
-                 allocate: Optional[Callable[[tuple, np.dtype], np.ndarray]] = None) -> None:
-        self.request = request
-        self.tensor = tensor
-        self.output = output
-        self.allocate = allocate
-        self.handle = handle
-        self.index = index
-        self.flight: Optional[list] = None      # this collective's flight record (core/engine/flight.py)
-
-    @property
-    def name(self) -> str:
-        return self.request.name
 
 
 class Engine:
@@ -113,7 +94,7 @@ class Engine:
                                               flight.plane_namer(backend))
                             if settings.flight_recorder_size > 0 else None)
         self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
-        self.parks: List[tuple] = []    # rank 0's fast waits for its engine thread to tell the coordinator
+        self.parks: List[loops.Park] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
         self.last_activity = 0.0
@@ -362,16 +343,20 @@ class Engine:
         finally:
             self._close()
 
-    def drain(self) -> List[Entry]:
-        queue = self.queue
-        if not queue:
-            return []
-        out = []
-        while queue:
-            out.append(queue.popleft())
-        return out
+    def take_local(self) -> Tuple[List[Entry], List[Note], List[loops.Park]]:
+        """Rank 0's new entries, wait notices and fast-round parks, taken in one grab (engine thread)."""
+        with self.lock:
+            entries = list(self.queue)
+            self.queue.clear()
+            notes = self.waits.take_notes()
+            parks, self.parks = self.parks, []
+        return entries, notes, parks
 
-    def sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]):
+    def expire_waits(self) -> Optional[float]:
+        """Take back lapsed wait notices (waits.py); seconds until the next lapse is due (None: none pending)."""
+        return self.waits.expire() if self.waits.lapsed else None
+
+    def sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]) -> loops.Events:
         """Wait for the next event: poll briefly after real work (see ``active``), then block in the kernel."""
         now = time.perf_counter()
         spin_until = self.last_activity + self.spin_s

@@ -10,6 +10,7 @@ from typing import Callable, Dict, List, Optional, Protocol
 
 import numpy as np
 
+from horovod.backends.adasum import plane_adasum
 from horovod.backends.base import Backend
 from horovod.backends.reduce import scale_inplace, scaled_copy
 from horovod.common.exceptions import HorovodInternalError
@@ -56,7 +57,7 @@ def allreduce(ctx: Executing, batch: List[TensorResponse], entries: List[Optiona
             outputs.append(entry.output.reshape(-1))
     if first.reduce_op == ReduceOp.ADASUM:         # scale-invariant: no Average rewrite (docs/adasum.md)
         with activity(ctx.backend.op_label("ADASUM", sum(a.nbytes for a in inputs))):
-            ctx.backend.adasum(inputs, outputs, first.prescale, first.postscale)
+            plane_adasum(ctx.backend, inputs, outputs, first.prescale, first.postscale)
     else:
         op, postscale = summed(first.reduce_op, first.postscale, ctx.size)
         ctx.backend.allreduce(inputs, outputs, op, first.prescale, postscale)

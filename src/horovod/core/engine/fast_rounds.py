@@ -41,7 +41,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import List, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -51,12 +51,10 @@ from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_B
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import Request
+from horovod.core.engine.entry import Entry
 from horovod.core.engine.executors import allocate_output
 from horovod.core.engine.layouts import split_rows, summed
 from horovod.core.engine.state import EngineState
-
-if TYPE_CHECKING:
-    from horovod.core.engine.engine import Engine, Entry
 
 SLICE_SECONDS = 0.05
 PARK_AFTER_SECONDS = 0.5
@@ -69,6 +67,20 @@ _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, Re
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
 _REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
 REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
+
+
+class Parking(Protocol):
+    """What a round waiting for its peers needs of the engine (``engine.Engine`` is one)."""
+
+    state: EngineState                      # the waiter gives up once it is STOPPED ...
+    error: Optional[HorovodInternalError]   # ... with the reason the engine stopped for
+    spin_s: float                           # how long to poll before sleeping (HOROVOD_SPIN_MICROSECONDS)
+
+    def park(self, entry: Entry, since: float) -> None:
+        """Tell the coordinator that this rank has waited on ``entry``'s round since ``since`` (monotonic)."""
+
+    def unpark(self, entry: Entry) -> None:
+        """The round that :meth:`park` reported has closed."""
 
 
 def supported() -> bool:
@@ -185,7 +197,7 @@ class FastRounds:
         mine[COUNT] = self.count
 
     # ------------------------------------------------------------------ a round
-    def resolve(self, k: int, key: bytes, entry: Entry, engine: Engine) -> bool:
+    def resolve(self, k: int, key: bytes, entry: Entry, engine: Parking) -> bool:
         """Wait for every peer's k-th record; when all match, reduce into ``entry.output`` and return True.
 
         False: the round did not match, and the op must go to the coordinator. Raises HorovodInternalError when
@@ -210,7 +222,7 @@ class FastRounds:
         words = self.words[peer]
         return bool(words[COUNT] >= k or words[SEALED])
 
-    def _wait_for_round(self, k: int, entry: Entry, engine: Engine) -> None:
+    def _wait_for_round(self, k: int, entry: Entry, engine: Parking) -> None:
         missing = [p for p in self.peers if not self._posted(p, k)]
         if not missing:
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, List
 
-log = logging.getLogger("horovod.engine")
+log = logging.getLogger(__name__)
 
 Listener = Callable[[Any, bool], None]       # (the engine, True when it started / False when it stopped)
 _listeners: List[Listener] = []

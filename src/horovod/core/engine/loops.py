@@ -9,32 +9,80 @@ from __future__ import annotations
 import logging
 import selectors
 import time
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import List, Optional, Protocol, Sequence, Tuple
 
 from horovod.backends.comm import PeerLostError
 from horovod.common import wire
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
+from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Request, Tag
-from horovod.core.engine.observer import EngineObserver
+from horovod.core.engine.control import ControlChannel
+from horovod.core.engine.entry import Entry
+from horovod.core.engine.observer import EngineObserver, Hooks
+from horovod.core.engine.settings import EngineSettings
+from horovod.core.engine.waits import Note
 
-if TYPE_CHECKING:
-    from horovod.core.engine.engine import Engine
-
-log = logging.getLogger("horovod.engine")
-stall_log = logging.getLogger("horovod.stall")
+log = logging.getLogger(__name__)
+stall_log = logging.getLogger("horovod.stall")     # a named channel: see horovod.common.logging_setup
 
 IDLE_WAKE_SECONDS = 1.0
 SHUTDOWN_WAIT_SECONDS = 5.0
+Park = Tuple[bool, str, float]      # a fast round's wait on rank 0: (parked, tensor name, seconds waited so far)
+Events = List[Tuple[selectors.SelectorKey, int]]
+
+
+class Looping(Protocol):
+    """What the loops need of the engine (``engine.Engine`` is one)."""
+
+    coordinator: Optional[Coordinator]  # rank 0's; None on the workers
+    control: ControlChannel
+    settings: EngineSettings
+    hold_s: float                       # how long the coordinator may hold ready tensors to fill a bucket
+    hooks: Hooks                        # the observers, per hook
+
+    @property
+    def stopping(self) -> bool:
+        """True once a shutdown was asked for (or the engine stopped)."""
+
+    def take_local(self) -> Tuple[List[Entry], List[Note], List[Park]]:
+        """Rank 0's new entries, wait notices and fast-round parks, taken in one grab."""
+
+    def expire_waits(self) -> Optional[float]:
+        """Take back lapsed wait notices; seconds until the next lapse is due (None: none pending)."""
+
+    def register_wake(self, selector: selectors.BaseSelector) -> None:
+        """Have ``selector`` report the engine's wake-ups (as key data -1)."""
+
+    def drain_wake(self) -> None:
+        """Consume the pending wake-ups."""
+
+    def sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]) -> Events:
+        """Wait for the next event, or less when there is local work."""
+
+    def active(self) -> None:
+        """An answer is due soon: poll a while before sleeping in the kernel."""
+
+    def apply(self, items: List[list]) -> None:
+        """Execute a response list (every rank, in the same order)."""
+
+    def remove_observer(self, observer: EngineObserver) -> None:
+        """Stop ``observer`` watching."""
+
+    def fail_all(self, error: HorovodInternalError) -> None:
+        """Stop for ``error``: every pending and later handle fails with it."""
+
+    def incident(self, kind: str, message: str) -> None:
+        """Tell the observers that the job is in trouble ("abort" or "report")."""
 
 
 # --------------------------------------------------------------------------------------------- coordinator
-def coordinator_loop(engine: Engine) -> None:
+def coordinator_loop(engine: Looping) -> None:
     """Rank 0's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
     with selectors.DefaultSelector() as selector:
         _coordinate(engine, selector)
 
 
-def _coordinate(engine: Engine, selector: selectors.BaseSelector) -> None:
+def _coordinate(engine: Looping, selector: selectors.BaseSelector) -> None:
     coord = engine.coordinator
     engine.register_wake(selector)
     for peer, sock in engine.control.socks.items():
@@ -69,15 +117,12 @@ def _coordinate(engine: Engine, selector: selectors.BaseSelector) -> None:
                 _from_worker(engine, peer, msg)
 
 
-def _take_local(engine: Engine) -> Optional[float]:
+def _take_local(engine: Looping) -> Optional[float]:
     """Take rank 0's own new requests and wait notices in one grab (a thread notices a wait only after it
     enqueued the tensors, so the request is always taken together with, or before, its notice); expire lapsed
     waits. Returns the seconds until the next lapse is due."""
     coord = engine.coordinator
-    with engine.lock:
-        entries = engine.drain()
-        notes = engine.waits.take_notes()
-        parks, engine.parks = engine.parks, []
+    entries, notes, parks = engine.take_local()
     for parked, name, waited in parks:
         if parked:
             coord.park(0, name, waited)
@@ -92,10 +137,10 @@ def _take_local(engine: Engine) -> Optional[float]:
             else:
                 coord.unmark_waiting(0, names)
         engine.active()
-    return engine.waits.expire() if engine.waits.lapsed else None
+    return engine.expire_waits()
 
 
-def _from_worker(engine: Engine, peer: int, msg: list) -> None:
+def _from_worker(engine: Looping, peer: int, msg: list) -> None:
     """A worker's control message (other than its shutdown)."""
     coord = engine.coordinator
     kind = msg[0]
@@ -115,7 +160,7 @@ def _from_worker(engine: Engine, peer: int, msg: list) -> None:
         raise HorovodInternalError(msg[1])
 
 
-def _emit(engine: Engine) -> None:
+def _emit(engine: Looping) -> None:
     """Emit what is ready to every worker and execute it here; then let the observers propose new tunables."""
     hooks = engine.hooks
     for observer in hooks.cycle:
@@ -130,7 +175,7 @@ def _emit(engine: Engine) -> None:
         _tune(engine, hooks.propose)
 
 
-def _tune(engine: Engine, observers: Sequence[EngineObserver]) -> None:
+def _tune(engine: Looping, observers: Sequence[EngineObserver]) -> None:
     """Feed the observers what just ran; new tunables they propose are applied by every rank next."""
     now = time.monotonic()
     for observer in observers:
@@ -144,7 +189,7 @@ def _tune(engine: Engine, observers: Sequence[EngineObserver]) -> None:
             observer.close()
 
 
-def _inspect(engine: Engine) -> Optional[float]:
+def _inspect(engine: Looping) -> Optional[float]:
     """Let the observers look at tensors submitted by only part of the ranks (the stall inspector and deadlock
     detector do); seconds until one wants to look again. A shutdown by one raises, which ends the job on every
     rank."""
@@ -166,13 +211,13 @@ def _inspect(engine: Engine) -> Optional[float]:
 
 
 # --------------------------------------------------------------------------------------------- workers
-def worker_loop(engine: Engine) -> None:
+def worker_loop(engine: Looping) -> None:
     """A worker's loop; returns after a shutdown, raises on a failure (the engine then aborts)."""
     with selectors.DefaultSelector() as selector:
         _work(engine, selector)
 
 
-def _work(engine: Engine, selector: selectors.BaseSelector) -> None:
+def _work(engine: Looping, selector: selectors.BaseSelector) -> None:
     sock = engine.control.socks[0]
     engine.register_wake(selector)
     selector.register(sock, selectors.EVENT_READ, 0)
@@ -183,10 +228,9 @@ def _work(engine: Engine, selector: selectors.BaseSelector) -> None:
                 return
             stop_sent_at = time.monotonic()
         timeout = IDLE_WAKE_SECONDS
-        if engine.waits.lapsed:
-            lapse_due = engine.waits.expire()
-            if lapse_due is not None:
-                timeout = min(timeout, lapse_due)
+        lapse_due = engine.expire_waits()
+        if lapse_due is not None:
+            timeout = min(timeout, lapse_due)
         if stop_sent_at is not None:
             timeout = SHUTDOWN_WAIT_SECONDS - (time.monotonic() - stop_sent_at)
             if timeout <= 0:
@@ -207,7 +251,7 @@ def _work(engine: Engine, selector: selectors.BaseSelector) -> None:
                 return
 
 
-def _send_stop(engine: Engine) -> bool:
+def _send_stop(engine: Looping) -> bool:
     """Tell the coordinator this rank shuts down; False when it is already gone (the engine then stops)."""
     try:
         engine.control.send_to_coordinator([Tag.EXITING])
@@ -218,7 +262,7 @@ def _send_stop(engine: Engine) -> bool:
     return True
 
 
-def _from_coordinator(engine: Engine, msg: list) -> bool:
+def _from_coordinator(engine: Looping, msg: list) -> bool:
     """Act on one message from rank 0; False when it ends this engine (a shutdown)."""
     kind = msg[0]
     if kind == Tag.RESPONSES:

@@ -12,31 +12,48 @@ from __future__ import annotations
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Protocol, Tuple
 
 from horovod.common import wire
+from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Tag
+from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.handles import Handle, waits_from_several_threads
 
-if TYPE_CHECKING:
-    from horovod.core.engine.engine import Engine
-
 LAPSE_RETRY_SECONDS = 0.01
+Note = Tuple[bool, List[str], bool]     # rank 0's notice: (begins, names, from a program submitting from threads)
+
+
+class Noticing(Protocol):
+    """What the wait notices need of the engine (``engine.Engine`` is one)."""
+
+    coordinator: Optional[Coordinator]  # rank 0's: its notices go to it; None on a worker, which sends them
+    control: ControlChannel             # a worker's channel to rank 0 (its send lock guards the handles' waits)
+    lock: threading.Lock                # the engine lock: guards the handles' waits on rank 0
+
+    def queued(self, handle: Handle) -> bool:
+        """True while ``handle``'s tensors wait in this rank's table (not yet emitted by the coordinator)."""
+
+    def wake(self) -> None:
+        """Wake the engine thread."""
+
+    def wake_if_sleeping(self) -> None:
+        """Wake the engine thread if it sleeps in the kernel (engine lock held)."""
 
 
 class WaitNotices:
     """The wait notices of one engine: sent by a worker, queued for the engine thread on rank 0."""
 
-    def __init__(self, engine: Engine, lapse_s: float) -> None:
+    def __init__(self, engine: Noticing, lapse_s: float) -> None:
         self.engine = engine
         self.lapse_s = lapse_s
         self.worker = engine.coordinator is None
         # rank 0's notices for its engine thread: (begins, names, from a program submitting from several threads)
-        self.notes: List[Tuple[bool, List[str], bool]] = []
+        self.notes: List[Note] = []
         self.lock: threading.Lock = engine.control.send_lock if self.worker else engine.lock  # guards handles' waits
         self.lapsed: Dict[Handle, float] = {}     # handle -> when its last timed wait ran out
 
-    def take_notes(self) -> List[Tuple[bool, List[str], bool]]:
+    def take_notes(self) -> List[Note]:
         """Rank 0's queued notices (call with the engine lock held)."""
         notes = self.notes
         if notes:
