@@ -88,3 +88,59 @@ def test_hierarchical_allreduce_0_under_mpi_selects_flat_mpi(choose):
 def test_hierarchical_allreduce_0_on_one_host_changes_nothing(choose):
     backend, reason = choose(["a", "a"], HOROVOD_HIERARCHICAL_ALLREDUCE="0")
     assert isinstance(backend, FakeShm) and reason == "shm: every rank is on this host", reason
+
+
+class FakeMPIComm:
+    """An mpi4py communicator's Split, as the hierarchical plane over MPI asks for one."""
+
+    def Split(self, color, key):
+        return "the cross-host communicator"
+
+
+class FakeRankedMPIBackend(FakeMPIBackend):
+    """A FakeMPIBackend with a rank and a size, as the hierarchical and routed planes read them."""
+
+    rank, size = 0, 1
+
+
+# For each rule of factory.RULES, a job it is the first to apply to: (hosts, rank, MPI, environment).
+THREADS = {"threads_supported": True}
+NO_THREADS = {"threads_supported": False}
+JOB_FOR_RULE = {
+    "single": (["a"], 0, None, {}),
+    "forced-tcp": (["a", "a"], 0, THREADS, {"HOROVOD_CPU_OPERATIONS": "tcp"}),
+    "forced-mpi": (["a", "a"], 0, THREADS, {"HOROVOD_CPU_OPERATIONS": "mpi"}),
+    "one-host-forced-shm": (["a", "a"], 0, THREADS, {"HOROVOD_CPU_OPERATIONS": "shm"}),
+    "one-host-shm": (["a", "a"], 0, None, {}),
+    "one-host-mpi-without-threads": (["a", "a"], 0, NO_THREADS, {}),
+    "one-host-mpi-sizes-0": (["a", "a"], 0, THREADS, {"HOROVOD_MPI_REDUCE_MAX_BYTES": "0",
+                                                       "HOROVOD_MPI_MOVE_MAX_BYTES": "0"}),
+    "one-host-mpi+shm": (["a", "a"], 0, THREADS, {}),
+    "flat-mpi-asked": (["a", "a", "b", "b"], 0, THREADS, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
+    "flat-tcp-asked": (["a", "a", "b", "b"], 0, None, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}),
+    "uneven-mpi": (["a", "a", "b"], 0, THREADS, {}),
+    "hierarchical-mpi": (["a", "a", "b", "b"], 1, THREADS, {}),
+    "uneven-tcp": (["a", "a", "b"], 0, None, {}),
+    "hierarchical-tcp": (["a", "a", "b", "b"], 2, None, {}),
+}
+
+
+def test_every_rule_has_a_job_here():
+    assert list(JOB_FOR_RULE) == [rule.name for rule in factory.RULES]
+
+
+@pytest.mark.parametrize("name", list(JOB_FOR_RULE))
+def test_the_reason_reported_is_the_chosen_rules(choose, monkeypatch, name):
+    """The table decides: for each rule's job, make_backend reports that rule's reason, formatted for the job."""
+    monkeypatch.setattr(factory, "MPIBackend", FakeRankedMPIBackend)
+    monkeypatch.setattr(factory, "_OwnedMPIBackend", FakeRankedMPIBackend)
+    hosts, rank, mpi, env = JOB_FOR_RULE[name]
+    if mpi is not None:
+        mpi = types.SimpleNamespace(comm=FakeMPIComm(), library="Open MPI v5",
+                                    thread_level_name="MPI_THREAD_FUNNELED", **mpi)
+    backend, reason = choose(hosts, rank=rank, mpi=mpi, **env)
+    mesh = types.SimpleNamespace(rank=rank, size=len(hosts), hosts=list(hosts), data=[None] * len(hosts))
+    situation = factory.Situation(mesh, "job", 0, mpi)
+    rule = factory.rule_for(situation)
+    assert rule.name == name
+    assert reason == rule.reason.format(s=situation) and "{" not in reason, reason

@@ -130,15 +130,15 @@ def test_the_connect_timeout_comes_from_the_knob(monkeypatch, value, expected):
 
 
 def test_init_raises_horovod_internal_error_when_the_data_plane_cannot_be_set_up(monkeypatch):
-    from horovod.core import basics
+    from horovod.core import basics, bootstrap
 
     def no_peer(topo, generation, mpi):
         raise HorovodInternalError("Rank 0 and rank(s) 1 did not connect within 1 s (--gloo-timeout-seconds / "
                                    "HOROVOD_GLOO_TIMEOUT_SECONDS)")
 
-    monkeypatch.setattr(basics.logging_setup, "configure", lambda rank: None)   # keep this process's logging
-    monkeypatch.setattr(basics, "_detect", lambda comm: (None, Topology(0, 2, 0, 2, 0, 1, "h", "test")))
-    monkeypatch.setattr(basics, "_start", no_peer)
+    monkeypatch.setattr(bootstrap.logging_setup, "configure", lambda rank: None)   # keep this process's logging
+    monkeypatch.setattr(bootstrap, "_detect", lambda comm: (None, Topology(0, 2, 0, 2, 0, 1, "h", "test")))
+    monkeypatch.setattr(bootstrap, "_start", no_peer)
     with pytest.raises(HorovodInternalError, match=r"Horovod initialization failed on rank 0 of 2: Rank 0 and "
                                                    r"rank\(s\) 1 did not connect .*HOROVOD_GLOO_TIMEOUT_SECONDS"):
         basics.init()

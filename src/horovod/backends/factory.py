@@ -1,11 +1,19 @@
 """Choosing the data plane for a job from where its ranks live, whether it runs on MPI, and
-HOROVOD_CPU_OPERATIONS."""
+HOROVOD_CPU_OPERATIONS.
+
+The choice is a declared table, :data:`RULES`: each :class:`Rule` has a condition on the job's
+:class:`Situation`, a builder of the backend, and the reason (a template of the sentence logged at ``init`` and
+shown by ``horovodrun --check-build``). The first rule whose condition holds is the one used, as JAX's cluster
+detectors are tried in their registered order.
+"""
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import sys
-from typing import Tuple, Union
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from horovod.backends.base import Backend
 from horovod.backends.comm import Comm
@@ -24,80 +32,208 @@ log = logging.getLogger(__name__)
 CHOICES = ("", "SHM", "TCP", "GLOO", "MPI", "AUTO")
 
 
+class Situation:
+    """What the choice looks at: the mesh (who is where), the MPI context (None without MPI) and the knobs.
+
+    Everything is read when first asked for, so a rule's condition reads only what it needs, and a builder
+    makes only its own backend.
+    """
+
+    def __init__(self, mesh: Mesh, job: str, generation: Generation,
+                 mpi: Union[MPIContext, SubsetMPI, None] = None) -> None:
+        self.mesh, self.job, self.generation, self.mpi = mesh, job, generation, mpi
+        self.size, self.rank = mesh.size, mesh.rank
+
+    @functools.cached_property
+    def choice(self) -> str:
+        """HOROVOD_CPU_OPERATIONS, upper case ("" when unset)."""
+        return config.get("HOROVOD_CPU_OPERATIONS")
+
+    @functools.cached_property
+    def by_host(self) -> Dict[str, List[int]]:
+        """The ranks on each host, in rank order."""
+        by_host: Dict[str, List[int]] = {}
+        for r, h in enumerate(self.mesh.hosts):
+            by_host.setdefault(h, []).append(r)
+        return by_host
+
+    @property
+    def one_host(self) -> bool:
+        return len(self.by_host) == 1
+
+    @property
+    def host_count(self) -> int:
+        return len(self.by_host)
+
+    @property
+    def rank_counts(self) -> List[int]:
+        """The distinct numbers of ranks per host, sorted."""
+        return sorted({len(v) for v in self.by_host.values()})
+
+    @property
+    def uneven(self) -> bool:
+        """Hosts run different numbers of ranks (the hierarchical algorithm does not apply)."""
+        return len(self.rank_counts) != 1
+
+    @property
+    def mpi_usable(self) -> bool:
+        """The job runs on MPI and the engine thread may call it (MPI_THREAD_MULTIPLE, not disabled)."""
+        return self.mpi is not None and self.mpi.threads_supported
+
+    @property
+    def library(self) -> str:
+        return self.mpi.library
+
+    @property
+    def no_threads_reason(self) -> str:
+        return _no_threads_reason(self.mpi)
+
+    @property
+    def flat_asked(self) -> bool:
+        """HOROVOD_HIERARCHICAL_ALLREDUCE is set, to a false value (unset, the plane across hosts is hierarchical)."""
+        return config.is_set("HOROVOD_HIERARCHICAL_ALLREDUCE") and not config.get("HOROVOD_HIERARCHICAL_ALLREDUCE")
+
+    @functools.cached_property
+    def reduce_max(self) -> int:
+        return _limit(config.get("HOROVOD_MPI_REDUCE_MAX_BYTES"))
+
+    @functools.cached_property
+    def move_max(self) -> int:
+        return _limit(config.get("HOROVOD_MPI_MOVE_MAX_BYTES"))
+
+    @property
+    def reduce_max_text(self) -> str:
+        return _size(self.reduce_max)
+
+    @property
+    def move_max_text(self) -> str:
+        return _size(self.move_max)
+
+    @functools.cached_property
+    def comm(self) -> Comm:
+        """The socket group over every rank of the mesh."""
+        comm = Comm(self.rank, list(range(self.size)), self.mesh.data, self.mesh.hosts)
+        comm.set_spin(config.get("HOROVOD_SPIN_MICROSECONDS"))
+        return comm
+
+    @property
+    def local(self) -> List[int]:
+        """The ranks on this rank's host."""
+        return self.by_host[self.mesh.hosts[self.rank]]
+
+    def shm(self, members: Optional[List[int]] = None) -> ShmBackend:
+        """The shared-memory plane over this host's ranks (``members``: group positions, default all)."""
+        host_tag = hashlib.sha256(self.mesh.hosts[self.rank].encode()).hexdigest()[:8]
+        comm = self.comm if members is None else self.comm.sub(members)
+        return ShmBackend(comm, f"{self.job}-{self.generation}-{host_tag}", config.get("HOROVOD_SHM_CHUNK_BYTES"))
+
+    def validate(self) -> None:
+        """ValueError, saying what to do, for an unknown HOROVOD_CPU_OPERATIONS or a forced MPI that cannot be."""
+        if self.choice not in CHOICES:
+            raise ValueError(f"HOROVOD_CPU_OPERATIONS={self.choice.lower()!r} is not a data plane; choose shm, tcp, "
+                             "mpi (or gloo, which means the built-in choice).")
+        if self.choice == "MPI":
+            _check_mpi_usable(self.mpi)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One entry of the table: when it applies, what it builds, and why (``reason`` is formatted with the
+    situation as ``s``: the sentence logged at ``init`` and shown by ``horovodrun --check-build``)."""
+
+    name: str
+    condition: Callable[[Situation], bool]
+    builder: Callable[[Situation], Backend]
+    reason: str
+
+    def explain(self, situation: Situation) -> str:
+        """The reason, for this situation."""
+        return self.reason.format(s=situation)
+
+
+def _hierarchical_mpi(s: Situation) -> Backend:
+    cross = s.mpi.comm.Split(s.local.index(s.rank), s.rank)
+    return HierarchicalBackend(MPIBackend(s.mpi.comm), s.shm(s.local), _OwnedMPIBackend(cross))
+
+
+def _hierarchical_tcp(s: Situation) -> Backend:
+    local_index = s.local.index(s.rank)
+    cross = sorted(members[local_index] for members in s.by_host.values())
+    return HierarchicalBackend(TcpBackend(s.comm), s.shm(s.local), TcpBackend(s.comm.sub(cross)))
+
+
+def _routed(s: Situation) -> Backend:
+    shm = s.shm()       # shm, then MPI: both constructors exchange with the peers, in one order on every rank
+    return RoutedBackend(MPIBackend(s.mpi.comm), shm, s.reduce_max, s.move_max)
+
+
+def _flat_mpi(s: Situation) -> Backend:
+    return MPIBackend(s.mpi.comm)
+
+
+def _flat_tcp(s: Situation) -> Backend:
+    return TcpBackend(s.comm)
+
+
+def _shm(s: Situation) -> Backend:
+    return s.shm()
+
+
+_UNEVEN = "hosts have different numbers of ranks ({s.rank_counts}), so the hierarchical algorithm does not apply"
+
+#: The data-plane rules, tried in order; the last one always applies.
+RULES: Tuple[Rule, ...] = (
+    Rule("single", lambda s: s.size == 1, lambda s: LocalBackend(), "a single rank needs no data plane"),
+    Rule("forced-tcp", lambda s: s.choice == "TCP", _flat_tcp, "tcp, forced by HOROVOD_CPU_OPERATIONS=tcp"),
+    Rule("forced-mpi", lambda s: s.choice == "MPI", _flat_mpi,
+         "mpi ({s.library}), forced by HOROVOD_CPU_OPERATIONS=mpi"),
+    Rule("one-host-forced-shm", lambda s: s.one_host and s.choice == "SHM", _shm,
+         "shm: every rank is on this host, forced by HOROVOD_CPU_OPERATIONS=shm"),
+    Rule("one-host-shm", lambda s: s.one_host and s.mpi is None, _shm, "shm: every rank is on this host"),
+    Rule("one-host-mpi-without-threads", lambda s: s.one_host and not s.mpi_usable, _shm,
+         "shm: every rank is on this host; MPI is not used for data because {s.no_threads_reason}"),
+    Rule("one-host-mpi-sizes-0", lambda s: s.one_host and s.reduce_max == 0 and s.move_max == 0, _shm,
+         "shm: every rank is on this host (HOROVOD_MPI_*_MAX_BYTES are 0)"),
+    Rule("one-host-mpi+shm", lambda s: s.one_host, _routed,
+         "mpi+shm: every rank is on this host; MPI ({s.library}) runs reductions up to {s.reduce_max_text} and data "
+         "movement up to {s.move_max_text}, the built-in shm plane the rest, the faster choice measured for each "
+         "(docs/benchmarks.md; HOROVOD_MPI_REDUCE_MAX_BYTES, HOROVOD_MPI_MOVE_MAX_BYTES)"),
+    Rule("flat-mpi-asked", lambda s: s.flat_asked and s.mpi_usable, _flat_mpi,
+         "mpi ({s.library}): one flat plane over the {s.host_count} hosts, as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks"),
+    Rule("flat-tcp-asked", lambda s: s.flat_asked, _flat_tcp,
+         "tcp: one flat ring over the {s.host_count} hosts, as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks (unset, the "
+         "plane is hierarchical)"),
+    Rule("uneven-mpi", lambda s: s.mpi_usable and s.uneven, _flat_mpi, "mpi ({s.library}): " + _UNEVEN),
+    Rule("hierarchical-mpi", lambda s: s.mpi_usable, _hierarchical_mpi,
+         "hierarchical: shm inside each of {s.host_count} hosts, MPI ({s.library}) between them (MPI's transports, "
+         "e.g. InfiniBand, beat sockets between hosts)"),
+    Rule("uneven-tcp", lambda s: s.uneven, _flat_tcp, "tcp: " + _UNEVEN),
+    Rule("hierarchical-tcp", lambda s: True, _hierarchical_tcp,
+         "hierarchical: shm inside each of {s.host_count} hosts, tcp between them"),
+)
+
+
+def rule_for(situation: Situation) -> Rule:
+    """The first rule of :data:`RULES` whose condition holds in ``situation``."""
+    return next(rule for rule in RULES if rule.condition(situation))
+
+
 def make_backend(mesh: Mesh, job: str, generation: Generation,
                  mpi: Union[MPIContext, SubsetMPI, None] = None) -> Tuple[Backend, str]:
-    """The backend for this rank and a sentence saying why it was chosen.
+    """The backend for this rank and a sentence saying why it was chosen (the chosen rule's reason).
 
     ``mpi`` is the job's MPI context when it started on MPI (mpirun, ``horovodrun --mpi``, ``init(comm=...)``),
-    or a process set's part of it (``mesh`` is then the set's own).
+    or a process set's part of it (``mesh`` is then the set's own). ValueError for an unknown
+    HOROVOD_CPU_OPERATIONS, or ``mpi`` forced where MPI cannot carry the data.
     """
-    size, rank = mesh.size, mesh.rank
-    if size == 1:
-        return LocalBackend(), "a single rank needs no data plane"
-    choice = config.get("HOROVOD_CPU_OPERATIONS")
-    if choice not in CHOICES:
-        raise ValueError(f"HOROVOD_CPU_OPERATIONS={choice.lower()!r} is not a data plane; choose shm, tcp, mpi "
-                         "(or gloo, which means the built-in choice).")
-    if choice == "MPI":
-        _check_mpi_usable(mpi)
-    comm = Comm(rank, list(range(size)), mesh.data, mesh.hosts)
-    comm.set_spin(config.get("HOROVOD_SPIN_MICROSECONDS"))
-    if choice == "TCP":
-        return TcpBackend(comm), "tcp, forced by HOROVOD_CPU_OPERATIONS=tcp"
-    hosts = mesh.hosts
-    by_host = {}
-    for r, h in enumerate(hosts):
-        by_host.setdefault(h, []).append(r)
-    local = by_host[hosts[rank]]
-    chunk = config.get("HOROVOD_SHM_CHUNK_BYTES")
-    host_tag = hashlib.sha256(hosts[rank].encode()).hexdigest()[:8]
-    tag = f"{job}-{generation}-{host_tag}"
-    mpi_usable = mpi is not None and mpi.threads_supported
-    if choice == "MPI":
-        return MPIBackend(mpi.comm), f"mpi ({mpi.library}), forced by HOROVOD_CPU_OPERATIONS=mpi"
-    if len(by_host) == 1:
-        shm = ShmBackend(comm, tag, chunk)
-        if mpi is None or choice == "SHM":
-            return shm, "shm: every rank is on this host" + (", forced by HOROVOD_CPU_OPERATIONS=shm"
-                                                              if choice == "SHM" else "")
-        if not mpi_usable:
-            return shm, f"shm: every rank is on this host; MPI is not used for data because {_no_threads_reason(mpi)}"
-        reduce_max = _limit(config.get("HOROVOD_MPI_REDUCE_MAX_BYTES"))
-        move_max = _limit(config.get("HOROVOD_MPI_MOVE_MAX_BYTES"))
-        if reduce_max == 0 and move_max == 0:
-            return shm, "shm: every rank is on this host (HOROVOD_MPI_*_MAX_BYTES are 0)"
-        return RoutedBackend(MPIBackend(mpi.comm), shm, reduce_max, move_max), (
-            f"mpi+shm: every rank is on this host; MPI ({mpi.library}) runs reductions up to "
-            f"{_size(reduce_max)} and data movement up to {_size(move_max)}, the built-in shm plane the rest, "
-            "the faster choice measured for each (docs/benchmarks.md; HOROVOD_MPI_REDUCE_MAX_BYTES, "
-            "HOROVOD_MPI_MOVE_MAX_BYTES)")
-    if choice == "SHM":
+    situation = Situation(mesh, job, generation, mpi)
+    if situation.size > 1:
+        situation.validate()
+    rule = rule_for(situation)
+    if not situation.one_host and situation.choice == "SHM":
         log.warning("HOROVOD_CPU_OPERATIONS=shm but the job spans %d hosts; using shm inside hosts and %s "
-                    "between them.", len(by_host), "mpi" if mpi_usable else "tcp")
-    if config.is_set("HOROVOD_HIERARCHICAL_ALLREDUCE") and not config.get("HOROVOD_HIERARCHICAL_ALLREDUCE"):
-        if mpi_usable:
-            return MPIBackend(mpi.comm), (f"mpi ({mpi.library}): one flat plane over the {len(by_host)} "
-                                          "hosts, as HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks")
-        return TcpBackend(comm), (f"tcp: one flat ring over the {len(by_host)} hosts, as "
-                                  "HOROVOD_HIERARCHICAL_ALLREDUCE=0 asks (unset, the plane is hierarchical)")
-    sizes = {len(v) for v in by_host.values()}
-    local_index = local.index(rank)
-    if mpi_usable:
-        if len(sizes) != 1:
-            return MPIBackend(mpi.comm), (f"mpi ({mpi.library}): hosts have different numbers of ranks "
-                                          f"({sorted(sizes)}), so the hierarchical algorithm does not apply")
-        cross = mpi.comm.Split(local_index, rank)
-        backend = HierarchicalBackend(MPIBackend(mpi.comm), ShmBackend(comm.sub(local), tag, chunk),
-                                      _OwnedMPIBackend(cross))
-        return backend, (f"hierarchical: shm inside each of {len(by_host)} hosts, MPI ({mpi.library}) between "
-                         "them (MPI's transports, e.g. InfiniBand, beat sockets between hosts)")
-    if len(sizes) != 1:
-        return TcpBackend(comm), (f"tcp: hosts have different numbers of ranks ({sorted(sizes)}), so the "
-                                  "hierarchical algorithm does not apply")
-    cross = [members[local_index] for members in by_host.values()]
-    backend = HierarchicalBackend(TcpBackend(comm), ShmBackend(comm.sub(local), tag, chunk),
-                                  TcpBackend(comm.sub(sorted(cross))))
-    return backend, f"hierarchical: shm inside each of {len(by_host)} hosts, tcp between them"
+                    "between them.", situation.host_count, "mpi" if situation.mpi_usable else "tcp")
+    return rule.builder(situation), rule.explain(situation)
 
 
 def _limit(nbytes: int) -> int:

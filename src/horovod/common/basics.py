@@ -1,7 +1,8 @@
-"""Upstream's import path for the process-wide basics; the module itself is :mod:`horovod.core.basics`.
+"""Upstream's import path ``horovod.common.basics``: the op layer's basics, :mod:`horovod.core.basics`.
 
-``horovod.common.basics`` *is* that module (the same object in ``sys.modules``), so a program that reads or
-patches its attributes sees the real ones.
+``horovod.common.basics`` *is* that module (the same object in ``sys.modules``), so a program reads the real
+names; the code lives in :mod:`horovod.core.bootstrap`, :mod:`horovod.core.process_set_registry` and
+:mod:`horovod.core.queries`.
 """
 import sys
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Set,
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, is_negotiation_error
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 
 class HostUpdateResult(enum.IntFlag):

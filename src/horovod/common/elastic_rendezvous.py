@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterable, Optional
 from horovod.common import wire
 from horovod.common.kvstore import KVStoreClient
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 READY_SCOPE = "elastic.ready"
 ASSIGN_SCOPE = "elastic.assign"

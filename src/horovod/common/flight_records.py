@@ -21,7 +21,7 @@ from typing import Callable, Dict, Mapping, Optional
 
 from horovod.common import config
 
-log = logging.getLogger("horovod.flight")
+log = logging.getLogger(__name__)
 
 ROOT_NAME = "horovod-flight"
 FORMAT = "horovod-flight-record"

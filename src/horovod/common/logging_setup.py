@@ -1,4 +1,15 @@
-"""Horovod's log records: level from HOROVOD_LOG_LEVEL, every record tagged with the rank."""
+"""Horovod's log records: level from HOROVOD_LOG_LEVEL, every record tagged with the rank.
+
+Every module logs through ``logging.getLogger(__name__)``, a child of the ``horovod`` logger configured here.
+Four loggers are named channels instead, each shared by several modules, because a program, a test or the
+launcher selects them by name (each such line says "a named channel"):
+
+- ``horovod.stall``: stall warnings, the deadlock watchdog and heartbeats (core/observers, core/engine);
+- ``horovod.elastic``: an elastic job's rounds, on the driver and on the workers (``horovodrun`` shows it at INFO
+  without ``--verbose``);
+- ``horovod.torch``: ``horovod.torch``'s optimizer and unused-parameter notices (docs/torch.md);
+- ``horovod.spark``: the Spark integration (docs/spark.md, ``verbose``).
+"""
 from __future__ import annotations
 
 import logging

@@ -20,7 +20,7 @@ from typing import Any, List, Optional
 from horovod.common import config
 from horovod.common.topology import Topology
 
-log = logging.getLogger("horovod.mpi")
+log = logging.getLogger(__name__)
 
 # Variables an MPI launcher sets in every rank (Open MPI, PMIx-based launchers, MPICH/Intel MPI's Hydra).
 LAUNCHER_VARS = ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE")

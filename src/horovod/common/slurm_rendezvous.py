@@ -27,7 +27,7 @@ from horovod.common import config, wire
 from horovod.common.kvstore import KVStoreClient, KVStoreServer
 from horovod.common.topology import Topology
 
-log = logging.getLogger("horovod")
+log = logging.getLogger(__name__)
 
 SOURCE = "Slurm"
 ADDR_SUFFIX = ".addr"

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, Iterable, List, Optional, Tuple
 
-log = logging.getLogger("horovod.timeline")
+log = logging.getLogger(__name__)
 
 # Event kinds in the queue (the writer turns them into JSON).
 _NEGOTIATE_START, _RANK_READY, _END, _BEGIN, _END_ARGS, _CYCLE = range(6)

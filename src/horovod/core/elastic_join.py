@@ -20,7 +20,7 @@ from horovod.common import config, elastic_rendezvous
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.topology import Topology
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 T = TypeVar("T")
 SOURCE = "horovodrun (elastic)"

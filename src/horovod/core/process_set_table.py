@@ -31,7 +31,7 @@ from horovod.core.engine.handles import Handle
 from horovod.core.engine.observer import EngineObserver
 from horovod.core.engine.settings import EngineSettings
 
-log = logging.getLogger("horovod.process_sets")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """Process sets: groups of ranks that run collectives among themselves.
 
 A :class:`ProcessSet` names its members by global rank. Registering it (``hvd.init(process_sets=[...])`` or
-``hvd.add_process_set``, see :mod:`horovod.core.basics`) gives it an id and, on each member, an engine of its
+``hvd.add_process_set``, see :mod:`horovod.core.process_set_registry`) gives it an id and, on each member, an engine of its
 own (see :mod:`horovod.core.process_set_table`); every collective takes ``process_set=`` and runs on that set's
 engine. ``global_process_set`` (id 0) is every rank.
 """

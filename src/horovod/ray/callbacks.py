@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any, Callable, List, Optional, TypeVar
 
-log = logging.getLogger("horovod.ray")
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _worker_queue: List[Any] = [None]

@@ -33,7 +33,7 @@ from .settings import ElasticRaySettings, write_identity
 from .static import runner_settings
 from .worker import BaseHorovodWorker
 
-log = logging.getLogger("horovod.ray")
+log = logging.getLogger(__name__)
 
 
 class ElasticAdapter:

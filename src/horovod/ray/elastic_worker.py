@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.process import TAIL_LINES, RemoteProcess, WorkerExit
 
-log = logging.getLogger("horovod.ray")
+log = logging.getLogger(__name__)
 
 KILLED = -9       # the return code of a worker whose actor died (as a process killed by SIGKILL)
 FAILED = 1        # the return code of a worker whose function raised

@@ -22,7 +22,7 @@ from .callbacks import with_queue
 from .errors import RayWorkerError, worker_failure
 from .strategy import BaseStrategy, PlacedWorker
 
-log = logging.getLogger("horovod.ray")
+log = logging.getLogger(__name__)
 
 FAILURE_GRACE_S = 2.0
 

@@ -23,7 +23,7 @@ from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assign
 from .nodes import cluster_cpus, host_name
 from .worker import BaseHorovodWorker
 
-log = logging.getLogger("horovod.ray")
+log = logging.getLogger(__name__)
 
 ACTOR_START_TIMEOUT_S = 120.0
 

@@ -16,7 +16,7 @@ from typing import Dict, List, MutableMapping, Optional, Sequence
 
 from horovod.common import flight_records
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 WAIT_SECONDS = 1.0          # at most this long for the surviving ranks' records after a failure
 FRESH_SECONDS = 5.0         # a record this much older than the failure was written before it (SIGUSR1)

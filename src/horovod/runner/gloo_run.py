@@ -25,7 +25,7 @@ from .common.util.settings import Settings
 from .process import OutputSink, WorkerProcess, WorkerSpec, pad_rank, run_workers
 from .rendezvous import RendezvousServer
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 
 # The topology variables the launcher gives each rank (slot_env); a nested launch drops inherited ones.

@@ -23,7 +23,7 @@ from .job_file import JobFile, RunLine
 from .process import JobFailedError, WorkerExit, format_failure
 from .rendezvous import RendezvousServer
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 SHELL = "/bin/sh"
 

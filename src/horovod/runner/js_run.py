@@ -31,7 +31,7 @@ from .common.util.settings import Settings
 from .process import _die_with_parent_fn, restore_signal_handlers
 from .util.lsf import LSFUtils
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 NOT_INSTALLED = (
     "horovodrun --jsrun needs the jsrun command, and none was found on PATH. Run on an LSF cluster with jsrun "

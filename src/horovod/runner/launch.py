@@ -25,7 +25,7 @@ from . import flight_folder, ssh
 from .common.util import arguments, config_parser, hosts
 from .util import lsf, slurm, threads
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 JSRUN_OUTSIDE_LSF = (
     "Horovod did not detect an LSF job (LSB_JOBID is not set). The jsrun launcher (--jsrun, or 'controller: "
@@ -534,7 +534,7 @@ def _configure_logging(verbose: bool) -> None:
     logging.getLogger("horovod.runner").setLevel(logging.INFO if verbose else logging.WARNING)
     # An elastic job's driver says what it does (rounds, failures, blacklisted hosts) without --verbose.
     logging.getLogger("horovod.elastic").setLevel(logging.DEBUG if verbose else logging.INFO)
-    logging.getLogger("horovod.monitor").setLevel(logging.INFO)        # the live page's URL
+    logging.getLogger("horovod.runner.monitor").setLevel(logging.INFO)     # the live page's URL
 
 
 def run_commandline(argv: Optional[Sequence[str]] = None) -> None:

@@ -29,7 +29,7 @@ from .common.util.hosts import parse_hosts_and_slots
 from .common.util.settings import Settings
 from .mpi_output import MPICH_PREPEND_PATTERN
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 OPENMPI = "openmpi"
 SPECTRUM = "spectrum"

@@ -14,7 +14,7 @@ from typing import IO, Deque, Dict, List, Optional, Tuple
 
 from .process import TAIL_LINES, pad_rank, split_lines
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 # MPICH's tag for each write of a rank (``-prepend-pattern``): ``[<rank>]`` and the ASCII unit separator, which
 # programs do not print, so the tags can be told from the ranks' own text. Intel MPI keeps ``-l`` (``[<rank>] ``).

@@ -79,7 +79,7 @@ from .process import (
     restore_signal_handlers,
 )
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 VERSION_TIMEOUT = 30.0
 STOP_GRACE_SECONDS = 10.0

@@ -26,7 +26,7 @@ from typing import IO, Deque, Dict, Iterator, List, Optional, Sequence
 
 from . import flight_folder
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 3.0
 TAIL_LINES = 10

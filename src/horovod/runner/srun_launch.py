@@ -51,7 +51,7 @@ from .rendezvous import RendezvousServer
 from .srun_task import HOSTFILE_ENV
 from .util import slurm
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 NOT_INSTALLED = ("horovodrun runs inside a Slurm allocation (SLURM_JOB_ID is set) but srun is not on PATH: load "
                  "Slurm's module (or add its bin directory to PATH), or give the hosts with -H/--hostfile to "

@@ -15,7 +15,7 @@ from horovod.runner.process import OutputSink
 
 from . import protocol
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage \S+ \(TID \d+\) \((\S+) executor ([^)]+)\)")
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")

@@ -22,7 +22,7 @@ from . import driver, protocol
 from .elastic_task import make_elastic_task_fn
 from .elastic_workers import SparkTaskDiscovery, SparkTaskWorkers
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 WHAT = "horovod.spark.run_elastic"
 

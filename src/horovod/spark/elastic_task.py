@@ -20,7 +20,7 @@ from horovod.common.kvstore import KVStoreClient
 from . import protocol
 from .task import RankProcess, rank_env, run_and_report
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 HEARTBEAT_SECONDS = 1.0
 COMMAND_POLL_SECONDS = 1.0

@@ -27,7 +27,7 @@ from horovod.runner.process import TAIL_LINES, RemoteProcess, WorkerExit, Worker
 
 from . import protocol
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 LOST_AFTER_SECONDS = 5.0     # a task that renewed its registration this long ago is gone
 

@@ -22,7 +22,7 @@ from horovod.runner.rendezvous import RendezvousServer
 from . import driver, failures, protocol
 from .static_task import make_task_fn
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 FAILURE_SETTLE_SECONDS = 2.0   # after a first failure, how long the other ranks get to report theirs
 

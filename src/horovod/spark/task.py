@@ -24,7 +24,7 @@ from horovod.runner.process import TAIL_LINES, _die_with_parent_fn, split_lines
 
 from . import protocol
 
-log = logging.getLogger("horovod.spark")
+log = logging.getLogger("horovod.spark")  # a named channel: see horovod.common.logging_setup
 
 
 def place_ranks(hosts: List[str]) -> List[SlotInfo]:

@@ -24,7 +24,7 @@ from horovod.tensorflow.gradient_tape import _key, _make_allreduce_grads_fn, red
 from horovod.tensorflow.mpi_ops import rank
 from horovod.tensorflow.powersgd import PowerSGDState
 
-log = logging.getLogger("horovod.tensorflow")
+log = logging.getLogger(__name__)
 
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 # The end of the error every rank raises when a gradient is None on some ranks only (``none_gradients``).

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from horovod.common.compression import PowerSGDCompressor
 
-log = logging.getLogger("horovod.tensorflow")
+log = logging.getLogger(__name__)
 
 # (tensors, name) -> the tensors reduced as one grouped allreduce: with the optimizer's op and scale factors, or
 # (``Sum``) summed and unscaled.

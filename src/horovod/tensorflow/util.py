@@ -1,4 +1,4 @@
-"""Upstream's ``horovod/tensorflow/util.py`` helpers, which user code and upstream's tests import."""
+"""Upstream's import path ``horovod.tensorflow.util``: helpers that user code and upstream's tests import."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Tuple

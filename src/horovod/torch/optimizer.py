@@ -40,7 +40,7 @@ from horovod.torch.optimizer_parts import (
 )
 from horovod.torch.unused_parameters import UnusedParameters, missing_parameters
 
-log = logging.getLogger("horovod.torch")
+log = logging.getLogger("horovod.torch")  # a named channel: see horovod.common.logging_setup
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):

@@ -41,7 +41,7 @@ from horovod.common.types import Sum
 from horovod.core import basics, housekeeping, ops
 from horovod.core.process_sets import ProcessSet
 
-log = logging.getLogger("horovod.torch")
+log = logging.getLogger("horovod.torch")  # a named channel: see horovod.common.logging_setup
 
 # A parameter that gets no gradient on every rank for this many consecutive steps is reported.
 STEPS_IN_A_ROW = 3

@@ -30,7 +30,7 @@ from horovod.common.types import DataType, ReduceOp, RequestType
 from horovod.core.engine import flight
 from horovod.core.engine.observer import EngineObserver
 
-log = logging.getLogger("horovod.flight")
+log = logging.getLogger(__name__)
 
 REPEAT_SECONDS = 1.0            # the same reason within this long after a write does not write again
 LOCK_SECONDS = 10.0             # longest a dump waits for another one to finish

@@ -43,7 +43,7 @@ from horovod.common.heartbeat_records import (
 from horovod.common.kvstore import KVStoreClient
 from horovod.core.engine import flight
 
-log = logging.getLogger("horovod.stall")
+log = logging.getLogger("horovod.stall")  # a named channel: see horovod.common.logging_setup
 READ_TIMEOUT_SECONDS = 2.0              # a report reads the store at most this long per call (its host may be cut)
 HOROVOD_THREAD_PREFIX = "horovod-"
 OWN_THREAD_FRAMES = 2       # innermost frames shown of Horovod's own threads (the program's threads: all of them)

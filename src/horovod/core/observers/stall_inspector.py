@@ -30,7 +30,7 @@ from horovod.core.engine.settings import (
 )
 from horovod.core.observers import heartbeat, peer_state
 
-log = logging.getLogger("horovod.stall")
+log = logging.getLogger("horovod.stall")  # a named channel: see horovod.common.logging_setup
 
 HEADLINE = ("One or more tensors were submitted to be reduced, gathered or broadcasted by subset of ranks and are "
             "waiting for remainder of ranks for more than {seconds:g} seconds. This may indicate that different "

@@ -31,7 +31,7 @@ from horovod.core.controller.messages import TensorResponse
 from horovod.core.engine import Engine, lifecycle
 from horovod.core.observers import flight_recorder, heartbeat, peer_state
 
-log = logging.getLogger("horovod.stall")
+log = logging.getLogger("horovod.stall")  # a named channel: see horovod.common.logging_setup
 
 MIB = float(1 << 20)
 

@@ -1,1 +1,1 @@
-"""Upstream's package ``horovod.runner.driver`` (see :mod:`.driver_service`)."""
+"""Upstream's import path ``horovod.runner.driver``: the package of :mod:`.driver_service`."""

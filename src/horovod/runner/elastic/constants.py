@@ -1,3 +1,3 @@
-"""Constants of upstream's elastic runner that programs and tests import (upstream's module path)."""
+"""Upstream's import path ``horovod.runner.elastic.constants``: constants that programs and tests import."""
 
 RESET_LIMIT_EXCEEDED_MESSAGE = "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from horovod.common.elastic import HostUpdateResult
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 DEFAULT_COOLDOWN_LOWER_LIMIT_SECONDS = 1
 DEFAULT_COOLDOWN_UPPER_LIMIT_SECONDS = 1 * 60 * 60

@@ -59,7 +59,7 @@ from .discovery import DiscoveredHosts, HostDiscovery, HostManager
 from .preemption import LeftSlots
 from .registration import FAILURE, LEFT, READY, SUCCESS, Decision, WorkerStateRegistry
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
 ELASTIC_TIMEOUT_SECS = 600

@@ -22,7 +22,7 @@ from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assign
 
 from .discovery import DiscoveredHosts
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 
 def split_slot(slot: str):

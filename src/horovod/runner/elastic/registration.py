@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set
 from . import constants
 from .discovery import HostManager
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 READY = "READY"
 SUCCESS = "SUCCESS"

@@ -22,7 +22,7 @@ from typing import Any, Optional, Tuple, Type
 from horovod.runner.common.util import codec
 from horovod.runner.rendezvous import RendezvousHandler
 
-log = logging.getLogger("horovod.elastic")
+log = logging.getLogger("horovod.elastic")  # a named channel: see horovod.common.logging_setup
 
 # GET methods
 GET_RANK_AND_SIZE = "rank_and_size"

@@ -1,4 +1,4 @@
-"""Upstream's module path for the worker side of elastic notifications.
+"""Upstream's import path ``horovod.runner.elastic.worker``: the worker side of elastic notifications.
 
 ``HostUpdateResult``, ``WorkerNotificationManager`` and ``notification_manager`` live in
 :mod:`horovod.common.elastic` (the shared ground, which the library's bindings use without the runner).

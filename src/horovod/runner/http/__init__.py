@@ -1,1 +1,2 @@
-"""Compatibility names for upstream's ``horovod.runner.http`` (its KV store was plain HTTP; ours is authenticated)."""
+"""Upstream's import path ``horovod.runner.http``: its names, on the authenticated KV store (upstream's store
+was plain HTTP)."""

@@ -1,4 +1,5 @@
-"""Upstream's ``put_data_into_kvstore`` / ``read_data_from_kvstore``, on the authenticated KV store.
+"""Upstream's import path ``horovod.runner.http.http_client``: ``put_data_into_kvstore`` and
+``read_data_from_kvstore``, on the authenticated KV store.
 
 The values are cloudpickled as upstream did. The secret comes from ``_HOROVOD_SECRET_KEY`` unless ``key`` is
 given; ValueError when there is none.

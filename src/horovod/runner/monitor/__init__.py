@@ -17,7 +17,7 @@ from .status import BeatLog, JobStatus, JobView, static_view
 
 __all__ = ["BeatLog", "JobStatus", "Monitor", "serving", "start", "static_view"]
 
-log = logging.getLogger("horovod.monitor")
+log = logging.getLogger(__name__)
 
 
 def start(store, job: JobView, port: int, address: str = "127.0.0.1") -> Monitor:

@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from . import page
 from .status import JobStatus
 
-log = logging.getLogger("horovod.monitor")
+log = logging.getLogger(__name__)
 
 MAX_BODY = 1 << 16
 

@@ -20,7 +20,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 from horovod.common import heartbeat_records as rec
 from horovod.common import wire
 
-log = logging.getLogger("horovod.monitor")
+log = logging.getLogger(__name__)
 
 STACK_SECONDS = 2.0         # how long the stack button waits for the ranks' answers
 WAITING_SECONDS = 1.0       # a rank that has waited this long for a peer is shown as waiting for it

@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Optional
 
 from ..common.util.hosts import HostInfo
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 CSM_ALLOCATION_QUERY = "/opt/ibm/csm/bin/csm_allocation_query"
 CSM_NODE_QUERY = "/opt/ibm/csm/bin/csm_node_attributes_query"

@@ -1,4 +1,4 @@
-"""Upstream's ``horovod.runner.util.network``: local addresses, host resolution, free ports.
+"""Upstream's import path ``horovod.runner.util.network``: local addresses, host resolution, free ports.
 
 The launcher itself uses :mod:`horovod.runner.common.util.network`; these are the names upstream's test
 utilities and users' scripts import.

@@ -24,7 +24,7 @@ from horovod.common import topology
 
 from ..common.util.hosts import HostInfo
 
-log = logging.getLogger("horovod.runner")
+log = logging.getLogger(__name__)
 
 SCONTROL_TIMEOUT = 30.0
 

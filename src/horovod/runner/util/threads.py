@@ -1,4 +1,4 @@
-"""Run functions in background threads: upstream's ``horovod.runner.util.threads``.
+"""Upstream's import path ``horovod.runner.util.threads``: run functions in background threads.
 
 Upstream's test utilities and users' launch helpers import ``in_thread`` and ``execute_function_multithreaded``
 from here; the signatures, defaults and errors are upstream's.
