@@ -39,14 +39,9 @@ def main(out: str, sizes, adasum: bool = False) -> None:
     peer = HorovodPeer()             # horovod.bench's calls: the same ones `python -m horovod.bench` times
     n, rank = peer.size, peer.rank
 
-    def make_runs(nbytes: int):
-        return {op: peer.runs(op, nbytes) for op in OPS}
-
-    def agree(vals):
-        return hvd.broadcast_object(vals, 0, name="bench.agree")
-
-    rows = sweep("horovod", sizes, make_runs, hvd.barrier, rank, n, agree=agree)
-    barrier = hvd.barrier
+    rows = sweep("horovod", sizes, lambda nbytes: {op: peer.runs(op, nbytes) for op in OPS}, peer.barrier, rank,
+                 n, agree=peer.agree)
+    barrier = peer.barrier
     # ResNet-18-sized step: 53 async allreduces, then synchronize all.
     grads = [np.ones(s, np.float32) for s in resnet18_shapes()]
     outs = [np.empty_like(g) for g in grads]
@@ -57,14 +52,14 @@ def main(out: str, sizes, adasum: bool = False) -> None:
         for h in handles:
             h.wait()
 
-    step_s = time_step(step, barrier, agree)
+    step_s = time_step(step, barrier, peer.agree)
     if step_s is not None:
         rows["step_53"] = step_s
     if adasum:
         rows["adasum"] = adasum_vs_sum(barrier)
     if rank == 0:
         write(out, rows)
-    hvd.shutdown()
+    peer.close()
 
 
 if __name__ == "__main__":

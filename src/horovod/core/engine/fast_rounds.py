@@ -276,26 +276,21 @@ class FastRounds:
 
     def _reduce_scatter(self, entry: Entry, b: int, shape: tuple, dtype: np.dtype) -> None:
         """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
-        request, dtype = entry.request, np.dtype(dtype)
+        dtype = np.dtype(dtype)
         rows = split_rows(shape, self.size)
         row = int(np.prod(shape[1:], dtype=np.int64))
-        start, count = sum(rows[:self.rank]) * row * dtype.itemsize, rows[self.rank] * row
+        start = sum(rows[:self.rank]) * row * dtype.itemsize
         out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
-        flat = out.reshape(-1)
-        slots = [pair[b][start:start + count * dtype.itemsize].view(dtype) for pair in self.slots]
-        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
-        combine(flat, slots[0], slots[1], op)
-        for r in range(2, self.size):
-            reduce_into(flat, slots[r], op)
-        scale_inplace(flat, postscale)
+        self._reduce_slots(entry.request, out.reshape(-1), b, start)
         entry.output = out
 
     def _reduce(self, entry: Entry, b: int) -> None:
-        request = entry.request
-        dtype = numpy_dtype(request.dtype)
-        out = entry.output.reshape(-1)
-        n = out.nbytes
-        slots = [s[b][:n].view(dtype) for s in self.slots]
+        self._reduce_slots(entry.request, entry.output.reshape(-1), b, 0)
+
+    def _reduce_slots(self, request: Request, out: np.ndarray, b: int, start: int) -> None:
+        """Every rank's slot ``b`` from byte ``start``, as many elements as ``out`` holds, reduced into ``out``
+        in rank order (the data plane's order and kernels, so the same bits), then post-scaled."""
+        slots = [pair[b][start:start + out.nbytes].view(out.dtype) for pair in self.slots]
         op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
         combine(out, slots[0], slots[1], op)
         for r in range(2, self.size):
