@@ -1,4 +1,5 @@
-"""Fast rounds (core/engine/fast_rounds.py): small blocking allreduces agreed and reduced through shared memory.
+"""Fast rounds (core/engine/fast_rounds.py): blocking collectives agreed, and small ones reduced, through shared
+memory; large broadcasts and allgathers copied once between the ranks' own arrays (direct rounds).
 
 Runs first in its job (test_parallel_suite.py): a join seals the fast rounds for the rest of the job. Where the
 job has no fast rounds (one rank, several hosts, HOROVOD_FAST_ROUNDS=0), every body still checks its results,
@@ -13,8 +14,9 @@ import pytest
 import horovod.numpy as hvd
 from horovod.backends.shm import FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import RequestType
 from horovod.core import basics, ops
-from horovod.core.engine.fast_rounds import REDUCE_TOTAL_BYTES
+from horovod.core.engine.fast_rounds import DIRECT_FROM, DIRECT_GATHER_BYTES, REDUCE_TOTAL_BYTES
 
 
 def _fast():
@@ -30,6 +32,21 @@ def _expect_fast(before: int, rounds: int = 1) -> None:
     """With fast rounds on, exactly ``rounds`` more ran fast on this rank."""
     if _fast() is not None:
         assert _matched() == before + rounds, f"{_matched() - before} of {rounds} rounds ran fast"
+
+
+def _direct() -> int:
+    fast = _fast()
+    return fast.direct if fast is not None else 0
+
+
+def _expect_direct(before: int, rounds: int, nbytes: int) -> None:
+    """Where the ranks may copy to and from each other's memory, exactly ``rounds`` more fast rounds of ``nbytes``
+    copied directly on this rank (HOROVOD_SHM_CROSS_MEMORY=0: none; more ranks than cores: only what does not fit
+    a slot)."""
+    fast = _fast()
+    if fast is not None:
+        expected = rounds if fast.pids is not None and (fast.roomy or nbytes > FAST_SLOT_BYTES) else 0
+        assert _direct() == before + expected, f"{_direct() - before} of {expected} rounds copied directly"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
@@ -94,6 +111,46 @@ def test_allgather_of_equal_shapes_goes_fast_and_unequal_ones_through_the_coordi
     got = hvd.allgather(np.full((rank + 1, 2), rank, np.int32), name="fr.gather.uneven")
     _expect_fast(before, 0 if size > 1 else 1)        # the ranks' keys differ: the coordinator gathers
     np.testing.assert_array_equal(got[:, 0], np.concatenate([np.full(r + 1, r) for r in range(size)]))
+
+
+# The smallest direct broadcast, and one of three slots and a bit (not a whole number of pages).
+@pytest.mark.parametrize("count", [DIRECT_FROM[RequestType.BROADCAST] // 4, 3 * FAST_SLOT_BYTES // 4 + 1])
+def test_a_large_broadcast_copies_once_from_every_root(count):
+    rank, size = hvd.rank(), hvd.size()
+    for root in range(size):
+        x = np.arange(count, dtype=np.float32) + 1000 * rank
+        expected = np.arange(count, dtype=np.float32) + 1000 * root
+        before, direct = _matched(), _direct()
+        np.testing.assert_array_equal(hvd.broadcast(x, root, name=f"fr.direct.{count}.{root}"), expected)
+        hvd.broadcast_(x, root, name=f"fr.direct_.{count}.{root}")
+        np.testing.assert_array_equal(x, expected)
+        strided = np.zeros(2 * count, np.float32)[::2]         # not contiguous: received into a scratch array
+        with ops.blocking():
+            ops.broadcast_async(np.arange(count, dtype=np.float32) + 1000 * rank, root, output=strided,
+                                name=f"fr.direct.strided.{count}.{root}").wait()
+        np.testing.assert_array_equal(strided, expected)
+        cross = _fast() is not None and _fast().pids is not None
+        _expect_fast(before, 3 if cross or count * 4 <= FAST_SLOT_BYTES else 0)   # else beyond a slot
+        _expect_direct(direct, 3, count * 4)
+
+
+# The smallest direct allgather (rows of 24 bytes: not a whole number of pages), one beyond a slot per rank, and
+# one whose output passes DIRECT_GATHER_BYTES (fast, through the coordinator).
+@pytest.mark.parametrize("rows, direct", [(-(-DIRECT_FROM[RequestType.ALLGATHER] // 24), True), (FAST_SLOT_BYTES // 24 + 5, True),
+                                          ("past", False)])
+def test_a_large_allgather_copies_once(rows, direct):
+    rank, size = hvd.rank(), hvd.size()
+    if rows == "past":
+        rows = DIRECT_GATHER_BYTES // 24 // size + 1
+    x = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + 1e6 * rank
+    before, copied = _matched(), _direct()
+    got = hvd.allgather(x, name=f"fr.direct.gather.{rows}")
+    cross = _fast() is not None and _fast().pids is not None
+    _expect_fast(before, 1 if direct and (cross or x.nbytes <= FAST_SLOT_BYTES) else 0)
+    _expect_direct(copied, 1 if direct else 0, x.nbytes)
+    assert got.shape == (rows * size, 3)
+    for r in range(size):
+        np.testing.assert_array_equal(got[r * rows:(r + 1) * rows], x - 1e6 * rank + 1e6 * r)
 
 
 @pytest.mark.parametrize("op", ["sum", "average"])

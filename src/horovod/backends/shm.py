@@ -467,6 +467,13 @@ class ShmBackend(Backend):
         """The shared bytes of the engine's fast rounds, the same on every local rank."""
         return self.seg.fast_area()
 
+    def cross_memory_pids(self) -> Optional[List[int]]:
+        """Every local rank's process id, by rank, where all of them may copy to and from each other's memory
+        (the fast rounds' direct copies), else None."""
+        if not self.direct:
+            return None
+        return [int(self.seg.record(r)[PID]) for r in range(self.size)]
+
     def close(self) -> None:
         self.seg.close()
         self.comm.close()

@@ -158,7 +158,8 @@ class Engine:
         area = getattr(backend, "fast_area", None)
         if area is None or self.size < 2 or not self.settings.fast_rounds or not fast_rounds.supported():
             return None
-        return fast_rounds.FastRounds(area(), self.rank, self.size, self.ranks)
+        pids = getattr(backend, "cross_memory_pids", lambda: None)()
+        return fast_rounds.FastRounds(area(), self.rank, self.size, self.ranks, pids)
 
     def enqueue(self, entries: List[Entry]) -> None:
         """Submit entries (all or none); ValueError for a name already in flight on this rank."""
@@ -173,7 +174,7 @@ class Engine:
         fast = self.fast
         key = None
         if fast is not None and entry.tensor is not None and not self.hooks.batch:
-            key = fast_rounds.key_of(entry.request, entry.tensor.nbytes, self.ranks)
+            key = fast.key(entry.request, entry.tensor.nbytes)
         if key is None:
             self.enqueue([entry])
             return

@@ -1,4 +1,4 @@
-"""Fast rounds: a small blocking allreduce that skips the coordinator when every rank is idle.
+"""Fast rounds: a blocking collective that skips the coordinator when every rank is idle.
 
 A lone small allreduce spends most of its time on hand-offs: the caller to the engine thread, the request to rank
 0's engine thread and its answer back, a barrier on the data plane (docs/benchmarks.md, issue 15). When ranks
@@ -7,10 +7,11 @@ itself.
 
 **Records.** Every submission on every rank posts one record into the rank's header in the shared area, under the
 engine lock, numbered 1, 2, 3 ... per rank. A record is FAST (a key naming the op: tensor name, dtype, shape, op and
-scale factors, and the input already copied into the rank's slot) when the op is one allreduce submitted by a
-call that waits for it at once, small enough for a slot, while the coordinator has emitted everything this rank
-submitted before; SLOW otherwise. Round k is *matched* when every rank's k-th record is FAST with the same key: then every rank reduces
-all slots, in rank order, into its output, and no message is sent. Otherwise every rank whose k-th record was FAST
+scale factors, and the input already copied into the rank's slot) when the op is one allreduce, reducescatter,
+broadcast or allgather submitted by a call that waits for it at once, small enough for a slot (:func:`key_of`),
+while the coordinator has emitted everything this rank submitted before; SLOW otherwise. Round k is *matched*
+when every rank's k-th record is FAST with the same key: then every rank reduces (or copies) all slots, in rank
+order, into its output, and no message is sent. Otherwise every rank whose k-th record was FAST
 hands its op to the coordinator, as every other op goes. All ranks read the same k-th records, so they reach the
 same verdict.
 
@@ -27,6 +28,14 @@ the owner posts SLOW rather than wait, because a reader may be waiting, through 
 this rank is about to submit. In a loop of blocking calls a peer resolves round k before it posts round k + 1,
 so the buffer of round k is always free again at round k + 2.
 
+**Direct rounds.** A broadcast or allgather from DIRECT_FROM bytes (per rank) need not pass through the slots: where
+every rank may copy to and from its peers' memory (``process_vm_readv``/``writev``, agreed when the shm plane
+started, :mod:`horovod.backends.cma`), the record carries the address of the rank's own array instead, and a
+matched round copies each byte once, straight from the sender's array into the receiver's, with no size limit
+(an allgather up to DIRECT_GATHER_BYTES of output, as the data plane). Since peers copy to and from that array
+until they are done, a direct round ends when every rank has resolved it: each rank publishes that it has, then
+waits for the others (the buffer rule above then always holds).
+
 **Waiting** sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every post. A
 waiter wakes at least every ``SLICE_SECONDS`` to see whether the engine stopped (an abort, a shutdown, a lost
 peer: the call then fails with the engine's reason, as a handle would), and after ``PARK_AFTER_SECONDS`` tells the coordinator which tensor it waits on, so that the stall
@@ -41,11 +50,11 @@ from __future__ import annotations
 import os
 import platform
 import time
-from typing import List, Optional, Protocol, Sequence
+from typing import Callable, List, Optional, Protocol, Sequence
 
 import numpy as np
 
-from horovod.backends import doorbell
+from horovod.backends import cma, doorbell
 from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
@@ -58,15 +67,21 @@ from horovod.core.engine.state import EngineState
 
 SLICE_SECONDS = 0.05
 PARK_AFTER_SECONDS = 0.5
-# Header words (uint64) of each rank: FAST_ROUND and KEY_LENGTH have one word per buffer (even and odd rounds).
-# The buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
-COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH = 0, 1, 2, 3, 5
-KEY_OFFSET = 64
+# Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH and ADDRESS have one word per buffer (even and odd
+# rounds). The buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
+COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS = 0, 1, 2, 3, 5, 7
+KEY_OFFSET = 72
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
 _REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
 REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
+# From these sizes (a broadcast's buffer, an allgather's input per rank) the op copies once by cross-memory reads
+# and writes where the ranks may use them (a *direct* round), up to DIRECT_GATHER_BYTES of allgather output.
+# Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md, issue 31).
+DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
+DIRECT_GATHER_BYTES = 32 << 20
+DIRECT_MARK = b"|direct"        # ends a direct round's key
 
 
 class Parking(Protocol):
@@ -96,16 +111,29 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1)) -> Optional[bytes]:
+def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) -> bool:
+    """Whether a fast round of ``rtype`` on ``nbytes`` per rank moves its data by cross-memory copies (``cross``:
+    every rank of the set may read and write the others' memory) instead of through the slots. Where the set's
+    ranks outnumber the cores (not ``roomy``), only what does not fit a slot goes direct: there the direct round's
+    closing wait costs more context switches than the second copy. The choice is part of the round's key, so ranks
+    that choose differently do not match."""
+    if not cross or nbytes < DIRECT_FROM.get(rtype, 1 << 62) or not (roomy or nbytes > FAST_SLOT_BYTES):
+        return False
+    return rtype != RequestType.ALLGATHER or nbytes * size <= DIRECT_GATHER_BYTES
+
+
+def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct: bool = False) -> Optional[bytes]:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
     a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
-    differ do not match, and go through the coordinator) of one host tensor that fits a slot. Every rank of a
-    fast allreduce
-    reduces all ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond,
-    the data plane's reduce-scatter, which splits that work, is faster). A broadcast whose root is not among the
-    set's ``ranks`` (global ranks) goes through the coordinator, which reports it."""
+    differ do not match, and go through the coordinator) of one host tensor that fits a slot, or (``direct``,
+    see :func:`goes_direct`) a broadcast or allgather of any size. Every rank of a fast allreduce reduces all
+    ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond, the data
+    plane's reduce-scatter, which splits that work, is faster). A broadcast whose root is not among the set's
+    ``ranks`` (global ranks) goes through the coordinator, which reports it."""
     rtype, size = request.rtype, len(ranks)
-    if rtype not in _TYPES or nbytes > FAST_SLOT_BYTES or request.group or request.device:
+    if rtype not in _TYPES or request.group or request.device:
+        return None
+    if nbytes > FAST_SLOT_BYTES and not direct:
         return None
     if rtype in _REDUCING and ReduceOp(request.reduce_op) not in _OPS:
         return None
@@ -115,14 +143,18 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1)) -> Opti
         return None
     key = (f"{int(rtype)}|{request.name}|{request.dtype}|{list(request.shape)}|{request.reduce_op}|"
            f"{float(request.prescale)!r}|{float(request.postscale)!r}|{request.root}").encode()
+    if direct:
+        key += DIRECT_MARK
     return key if len(key) <= KEY_ROOM else None
 
 
 class FastRounds:
     """This rank's side of the fast rounds of one process set whose ranks all share this host."""
 
-    def __init__(self, area: np.ndarray, rank: int, size: int, ranks: Optional[List[int]] = None) -> None:
+    def __init__(self, area: np.ndarray, rank: int, size: int, ranks: Optional[List[int]] = None,
+                 pids: Optional[List[int]] = None) -> None:
         self.rank, self.size = rank, size
+        self.pids = pids                # per position, where every rank may copy to and from every other's memory
         self.ranks = list(ranks) if ranks is not None else list(range(size))   # position -> global rank
         self.bell = doorbell.Doorbell(area[:4].view(np.uint32))
         stride = FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES
@@ -138,8 +170,12 @@ class FastRounds:
         self.last_fast = [0, 0]
         self.readers: List[List[int]] = [[], []]
         self.off = False                # a rank joined: nobody posts FAST any more
-        self.may_spin = size <= _cores()
+        self.roomy = size <= _cores()     # every rank may have a core: spin before sleeping, copy direct
         self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
+        self.direct = 0                 # of which by cross-memory copies
+        # The open direct round's contiguous array whose address this rank posted (peers read or write it until
+        # they resolve the round), and the op's output when that is not the posted array itself.
+        self._posted_array: Optional[np.ndarray] = None
 
     def close(self) -> None:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
@@ -152,6 +188,11 @@ class FastRounds:
         bell = self.bell
         if bell is not None:
             bell.ring()
+
+    def key(self, request: Request, nbytes: int) -> Optional[bytes]:
+        """The round's key for ``request`` on this set (:func:`key_of`), or None when it cannot go fast."""
+        direct = goes_direct(request.rtype, nbytes, self.size, self.pids is not None, self.roomy)
+        return key_of(request, nbytes, self.ranks, direct)
 
     # ------------------------------------------------------------------ posting (engine lock held)
     def can_post_fast(self) -> bool:
@@ -175,10 +216,13 @@ class FastRounds:
         b = k % 2
         request = entry.request
         tensor = entry.tensor.reshape(-1)
-        if request.rtype != RequestType.BROADCAST or self.ranks.index(request.root) == self.rank:
+        mine = self.words[self.rank]
+        if key.endswith(DIRECT_MARK):
+            self._posted_array = posted = self._direct_array(entry)
+            mine[ADDRESS + b] = cma.address(posted)
+        elif request.rtype != RequestType.BROADCAST or self.ranks.index(request.root) == self.rank:
             scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
                         float(request.prescale))      # a broadcast's others send nothing
-        mine = self.words[self.rank]
         at = KEY_OFFSET + b * KEY_ROOM
         self.headers[self.rank][at:at + len(key)] = np.frombuffer(key, np.uint8)
         mine[KEY_LENGTH + b] = len(key)
@@ -201,9 +245,10 @@ class FastRounds:
         """Wait for every peer's k-th record; when all match, reduce into ``entry.output`` and return True.
 
         False: the round did not match, and the op must go to the coordinator. Raises HorovodInternalError when
-        the engine stops meanwhile.
+        the engine stops meanwhile, or when a direct round's cross-memory copy fails.
         """
-        self._wait_for_round(k, entry, engine)
+        posted, self._posted_array = self._posted_array, None
+        self._wait(lambda p: self._posted(p, k), entry, engine)
         words, headers = self.words, self.headers
         b = k % 2
         at = KEY_OFFSET + b * KEY_ROOM
@@ -211,34 +256,49 @@ class FastRounds:
         matched = len(fast) == len(self.peers) and all(
             int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)].tobytes() == key
             for p in fast)
-        if matched:
-            self._finish(entry, b)
-            self.matched += 1
         self.readers[b] = fast
-        words[self.rank][RESOLVED] = k
-        return matched
+        if not matched:
+            words[self.rank][RESOLVED] = k
+            return False
+        if posted is None:
+            self._finish(entry, b)
+            words[self.rank][RESOLVED] = k
+        else:
+            try:
+                self._finish_direct(entry, b, posted)
+            finally:
+                # Peers copy to and from ``posted`` until they resolve the round: wait for them all.
+                words[self.rank][RESOLVED] = k
+                self.ring()
+                self._wait(lambda p: words[p][RESOLVED] >= k, entry, engine)
+            self._after_direct(entry, posted)
+            self.direct += 1
+        self.matched += 1
+        return True
 
     def _posted(self, peer: int, k: int) -> bool:
         words = self.words[peer]
         return bool(words[COUNT] >= k or words[SEALED])
 
-    def _wait_for_round(self, k: int, entry: Entry, engine: Parking) -> None:
-        missing = [p for p in self.peers if not self._posted(p, k)]
+    def _wait(self, ready: Callable[[int], bool], entry: Entry, engine: Parking) -> None:
+        """Until ``ready(peer)`` holds for every peer: polled, then asleep on the doorbell, which every post
+        rings."""
+        missing = [p for p in self.peers if not ready(p)]
         if not missing:
             return
         # Poll first, as the engine thread does after activity (HOROVOD_SPIN_MICROSECONDS): a peer that posts
         # within the spin costs neither a futex sleep here nor a wake-up there (half a small op's time). Not
         # when the set's ranks outnumber this process's cores: the spin would take the core a peer needs.
-        spin_until = time.perf_counter() + (engine.spin_s if self.may_spin else 0.0)
+        spin_until = time.perf_counter() + (engine.spin_s if self.roomy else 0.0)
         while time.perf_counter() < spin_until:
-            missing = [p for p in missing if not self._posted(p, k)]
+            missing = [p for p in missing if not ready(p)]
             if not missing:
                 return
         bell, started, parked = self.bell, time.monotonic(), False
         try:
             while True:
                 seen = bell.value()
-                missing = [p for p in missing if not self._posted(p, k)]
+                missing = [p for p in missing if not ready(p)]
                 if not missing:
                     return
                 if engine.state is EngineState.STOPPED:   # with the reason an aborting engine found, as handles
@@ -250,6 +310,71 @@ class FastRounds:
         finally:
             if parked:
                 engine.unpark(entry)
+
+    # ------------------------------------------------------------------ direct rounds
+    def _direct_array(self, entry: Entry) -> np.ndarray:
+        """The C-contiguous array a direct round posts: the input that the peers read (a broadcast's root, every
+        rank of an allgather), or the output that the root writes to and this rank reads into (a broadcast's
+        other ranks; a scratch array where the output is not contiguous)."""
+        request = entry.request
+        if request.rtype == RequestType.BROADCAST and self.ranks.index(request.root) != self.rank:
+            out = entry.output
+            return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+        return np.ascontiguousarray(entry.tensor)
+
+    def _finish_direct(self, entry: Entry, b: int, posted: np.ndarray) -> None:
+        """A matched direct round's copies, straight between the ranks' own arrays (one copy per byte).
+
+        A broadcast splits the work as the data plane does: the root writes the first 1/size of the buffer (whole
+        pages) into every peer, each peer reads the rest from the root. An allgather reads each peer's block from
+        the peer's input, starting with the next rank's, so that no two readers start on the same block. The
+        caller then waits until every peer has resolved the round, so that nothing is copied after it returns.
+        """
+        request = entry.request
+        addresses = [int(w[ADDRESS + b]) for w in self.words]
+        if request.rtype == RequestType.BROADCAST:
+            root = self.ranks.index(request.root)
+            raw = posted.reshape(-1).view(np.uint8)
+            head = raw.nbytes // self.size // 4096 * 4096       # a whole number of pages
+            if self.rank != root:
+                self._cross(root, cma.read, addresses[root] + head, raw[head:], entry)
+                return
+            for p in self.peers:
+                if head:
+                    self._cross(p, cma.write, addresses[p], raw[:head], entry)
+            if not _same_array(entry.output, entry.tensor):
+                np.copyto(entry.output, entry.tensor)
+            return
+        shape, dtype = tuple(request.shape), numpy_dtype(request.dtype)
+        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)   # equal shapes: the key says so
+        flat = out.reshape(-1) if out.flags.c_contiguous else np.empty(out.size, out.dtype)
+        count = posted.size
+        flat[self.rank * count:(self.rank + 1) * count] = posted.reshape(-1)
+        for step in range(1, self.size):
+            r = (self.rank + step) % self.size
+            self._cross(r, cma.read, addresses[r], flat[r * count:(r + 1) * count], entry)
+        if not out.flags.c_contiguous:
+            np.copyto(out, flat.reshape(out.shape))
+        entry.output = out
+
+    def _after_direct(self, entry: Entry, posted: np.ndarray) -> None:
+        """Once every peer resolved the round: a broadcast that a rank other than the root received into a scratch
+        array (its output is not contiguous) goes to the output, now that the root has written its part too."""
+        request, out = entry.request, entry.output
+        if request.rtype == RequestType.BROADCAST and posted is not out \
+                and self.ranks.index(request.root) != self.rank:
+            np.copyto(out, posted)
+
+    def _cross(self, peer: int, copy: Callable[[int, int, np.ndarray], None], address: int,
+               array: np.ndarray, entry: Entry) -> None:
+        """One cross-memory copy with ``peer`` (a position in the set); a failure names the peer and the tensor."""
+        try:
+            copy(self.pids[peer], address, array)
+        except cma.CrossMemoryError as exc:
+            op = RequestType(entry.request.rtype).name.lower()
+            raise HorovodInternalError(
+                f"The {op} of tensor '{entry.name}' could not copy to or from rank {self.ranks[peer]}'s memory "
+                f"({exc}); that rank has probably exited.") from None
 
     def _finish(self, entry: Entry, b: int) -> None:
         """The matched round's result into ``entry.output`` (an allgather's is allocated here)."""
@@ -296,3 +421,9 @@ class FastRounds:
         for r in range(2, self.size):
             reduce_into(out, slots[r], op)
         scale_inplace(out, postscale)
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two C-contiguous arrays are the same bytes (a tensor and a view of it given as its own output)."""
+    return a is b or (a.flags.c_contiguous and b.flags.c_contiguous and a.nbytes == b.nbytes
+                      and cma.address(a) == cma.address(b))
