@@ -55,6 +55,14 @@ def _entry(rtype: RequestType, tensor: np.ndarray, output, root: int = -1) -> En
     return Entry(request, tensor, output, Handle("t"))
 
 
+def _broadcasts(count: int):
+    """Rank 0 broadcasts ``count`` floats to rank 1: (the source, rank 1's output, both ranks' entries)."""
+    source = np.arange(count, dtype=np.float32)
+    received = np.zeros(count, np.float32)
+    return source, received, [_entry(RequestType.BROADCAST, source, source, root=0),
+                              _entry(RequestType.BROADCAST, np.zeros(count, np.float32), received, root=0)]
+
+
 def _round(sides, entries) -> List[object]:
     """Both ranks post and resolve one round, each in a thread; returns what each resolve gave or raised."""
     results: List[object] = [None, None]
@@ -82,10 +90,7 @@ def _round(sides, entries) -> List[object]:
 @pytest.mark.parametrize("count", [fast_rounds.DIRECT_FROM[RequestType.BROADCAST] // 4, 3 * FAST_SLOT_BYTES // 4 + 3])
 def test_broadcast_copies_straight_into_the_other_ranks_output(count):
     sides = _sides([os.getpid()] * 2)
-    source = np.arange(count, dtype=np.float32)
-    received = np.zeros(count, np.float32)
-    entries = [_entry(RequestType.BROADCAST, source, source, root=0),
-               _entry(RequestType.BROADCAST, np.zeros(count, np.float32), received, root=0)]
+    source, received, entries = _broadcasts(count)
     assert _round(sides, entries) == [True, True]
     np.testing.assert_array_equal(received, source)
     assert [s.direct for s in sides] == [1, 1]
@@ -103,20 +108,10 @@ def test_allgather_reads_each_peers_input():
 
 def test_below_the_threshold_the_slots_carry_the_data():
     sides = _sides([os.getpid()] * 2)
-    small = np.arange(16, dtype=np.float32)
-    out = np.zeros(16, np.float32)
-    entries = [_entry(RequestType.BROADCAST, small, small, root=0),
-               _entry(RequestType.BROADCAST, np.zeros(16, np.float32), out, root=0)]
+    small, out, entries = _broadcasts(16)
     assert _round(sides, entries) == [True, True]
     np.testing.assert_array_equal(out, small)
     assert [s.direct for s in sides] == [0, 0]
-
-
-def _broadcasts(count: int):
-    source = np.arange(count, dtype=np.float32)
-    received = np.zeros(count, np.float32)
-    return source, received, [_entry(RequestType.BROADCAST, source, source, root=0),
-                              _entry(RequestType.BROADCAST, np.zeros(count, np.float32), received, root=0)]
 
 
 def test_with_more_ranks_than_cores_only_what_outgrows_a_slot_goes_direct():
@@ -156,13 +151,9 @@ def test_a_failed_copy_names_the_peer_and_the_tensor_and_the_round_still_closes(
             break
         except PermissionError:
             missing -= 1
-    area = np.zeros(FAST_LINE_BYTES + 2 * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
-    sides = [fast_rounds.FastRounds(area, 0, 2, [0, 1], [os.getpid(), missing]),
-             fast_rounds.FastRounds(area, 1, 2, [0, 1], [os.getpid(), os.getpid()])]
-    count = 2 * fast_rounds.DIRECT_FROM[RequestType.BROADCAST] // 4
-    source = np.arange(count, dtype=np.float32)
-    entries = [_entry(RequestType.BROADCAST, source, source, root=0),
-               _entry(RequestType.BROADCAST, np.zeros(count, np.float32), np.zeros(count, np.float32), root=0)]
+    sides = _sides([os.getpid()] * 2)
+    sides[0].pids = [os.getpid(), missing]      # only rank 0 sees rank 1 as that process
+    _, _, entries = _broadcasts(2 * fast_rounds.DIRECT_FROM[RequestType.BROADCAST] // 4)
     results = _round(sides, entries)
     assert isinstance(results[0], HorovodInternalError)
     assert "broadcast of tensor 't' could not copy to or from rank 1's memory" in str(results[0])

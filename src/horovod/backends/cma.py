@@ -72,6 +72,12 @@ def _move(call_index: int, pid: int, local: int, remote: int, nbytes: int) -> No
         done += got
 
 
+def root_share(nbytes: int, size: int) -> int:
+    """How a broadcast of ``nbytes`` among ``size`` ranks splits the copying evenly: the root writes this many
+    leading bytes (about 1/size, in whole pages) into every peer, and each peer reads the rest from the root."""
+    return nbytes // size // 4096 * 4096
+
+
 def read(pid: int, remote: int, dst: np.ndarray) -> None:
     """Fill the C-contiguous ``dst`` with ``dst.nbytes`` bytes from address ``remote`` of process ``pid``."""
     _move(0, pid, address(dst), remote, dst.nbytes)

@@ -381,7 +381,7 @@ class ShmBackend(Backend):
             np.copyto(target, buf)
         where = self._publish(target)
         raw = target.reshape(-1).view(np.uint8)
-        head = raw.nbytes // self.size // 4096 * 4096       # a whole number of pages
+        head = cma.root_share(raw.nbytes, self.size)
         with activity("SHM_CROSS_MEMORY_READ"):
             if self.rank == root:
                 for r in range(self.size):

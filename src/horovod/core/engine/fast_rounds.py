@@ -335,18 +335,17 @@ class FastRounds:
         if request.rtype == RequestType.BROADCAST:
             root = self.ranks.index(request.root)
             raw = posted.reshape(-1).view(np.uint8)
-            head = raw.nbytes // self.size // 4096 * 4096       # a whole number of pages
+            head = cma.root_share(raw.nbytes, self.size)
             if self.rank != root:
                 self._cross(root, cma.read, addresses[root] + head, raw[head:], entry)
                 return
-            for p in self.peers:
-                if head:
+            if head:
+                for p in self.peers:
                     self._cross(p, cma.write, addresses[p], raw[:head], entry)
             if not _same_array(entry.output, entry.tensor):
                 np.copyto(entry.output, entry.tensor)
             return
-        shape, dtype = tuple(request.shape), numpy_dtype(request.dtype)
-        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)   # equal shapes: the key says so
+        out = self._gathered_output(entry)
         flat = out.reshape(-1) if out.flags.c_contiguous else np.empty(out.size, out.dtype)
         count = posted.size
         flat[self.rank * count:(self.rank + 1) * count] = posted.reshape(-1)
@@ -393,11 +392,16 @@ class FastRounds:
         if rtype == RequestType.REDUCESCATTER:
             self._reduce_scatter(entry, b, shape, dtype)
             return
-        out = allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)  # equal shapes: the key says so
+        out = self._gathered_output(entry)
         flat, count = out.reshape(-1), entry.tensor.size
         for r, pair in enumerate(self.slots):
             flat[r * count:(r + 1) * count] = pair[b][:n].view(dtype)
         entry.output = out
+
+    def _gathered_output(self, entry: Entry) -> np.ndarray:
+        """A new output for a matched allgather: every rank's rows (equal shapes: the key says so)."""
+        shape = tuple(entry.request.shape)
+        return allocate_output(entry, (shape[0] * self.size, *shape[1:]), numpy_dtype(entry.request.dtype))
 
     def _reduce_scatter(self, entry: Entry, b: int, shape: tuple, dtype: np.dtype) -> None:
         """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
