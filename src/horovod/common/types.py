@@ -78,7 +78,8 @@ _DATATYPE_OF = {v: k for k, v in _NUMPY_OF.items()}
 
 def numpy_dtype(dt: DataType) -> np.dtype:
     """The numpy dtype that carries ``dt``."""
-    return _NUMPY_OF[DataType(dt)]
+    dtype = _NUMPY_OF.get(dt)       # an int finds its DataType's entry: an IntEnum hashes as its value
+    return dtype if dtype is not None else _NUMPY_OF[DataType(dt)]
 
 
 def data_type_of(dtype: np.dtype) -> DataType:

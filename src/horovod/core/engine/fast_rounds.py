@@ -62,6 +62,7 @@ from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import Request
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.executors import allocate_output
+from horovod.core.engine.layouts import row as row_elements
 from horovod.core.engine.layouts import split_rows, summed
 from horovod.core.engine.state import EngineState
 
@@ -135,7 +136,7 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
         return None
     if nbytes > FAST_SLOT_BYTES and not direct:
         return None
-    if rtype in _REDUCING and ReduceOp(request.reduce_op) not in _OPS:
+    if rtype in _REDUCING and request.reduce_op not in _OPS:     # ints: an IntEnum hashes as its value
         return None
     if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES:
         return None
@@ -407,7 +408,7 @@ class FastRounds:
         """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
         dtype = np.dtype(dtype)
         rows = split_rows(shape, self.size)
-        row = int(np.prod(shape[1:], dtype=np.int64))
+        row = row_elements(shape[1:])
         start = sum(rows[:self.rank]) * row * dtype.itemsize
         out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
         self._reduce_slots(entry.request, out.reshape(-1), b, start)

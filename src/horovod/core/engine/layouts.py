@@ -2,16 +2,15 @@
 the host and device executors)."""
 from __future__ import annotations
 
+import math
 from typing import List, Tuple
-
-import numpy as np
 
 from horovod.common.types import ReduceOp
 
 
 def row(shape) -> int:
     """Elements per first-dimension row of a tensor of ``shape``."""
-    return int(np.prod(shape)) if shape else 1
+    return int(math.prod(shape))
 
 
 def summed(op: int, postscale: float, size: int) -> Tuple[ReduceOp, float]:

@@ -18,6 +18,7 @@ through DLPack without copying it only from aligned memory (a copy cost 0.5 ms p
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from typing import List, Optional, Tuple
@@ -39,7 +40,7 @@ class OutputPool:
 
     def empty(self, shape: Tuple[int, ...], dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < MIN_POOLED_BYTES or self.capacity <= 0 or dtype.hasobject:
             return np.empty(shape, dtype)
         with self._lock:
