@@ -142,8 +142,9 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
         return None
     if rtype == RequestType.BROADCAST and request.root not in ranks:
         return None
-    key = (f"{int(rtype)}|{request.name}|{request.dtype}|{list(request.shape)}|{request.reduce_op}|"
-           f"{float(request.prescale)!r}|{float(request.postscale)!r}|{request.root}").encode()
+    # make_request gave the fields their wire types (ints, a list, floats), so they format as they are
+    key = (f"{rtype}|{request.name}|{request.dtype}|{request.shape}|{request.reduce_op}|"
+           f"{request.prescale!r}|{request.postscale!r}|{request.root}").encode()
     if direct:
         key += DIRECT_MARK
     return key if len(key) <= KEY_ROOM else None
@@ -161,6 +162,7 @@ class FastRounds:
         stride = FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES
         bases = [FAST_LINE_BYTES + r * stride for r in range(size)]
         self.headers = [area[b:b + FAST_HEADER_BYTES] for b in bases]
+        self.header_bytes = [memoryview(h) for h in self.headers]     # keys go in and out as bytes
         self.words = [h[:KEY_OFFSET].view(np.uint64) for h in self.headers]
         starts = [[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES for i in range(2)] for b in bases]
         self.slots = [[area[s:s + FAST_SLOT_BYTES] for s in pair] for pair in starts]
@@ -182,7 +184,7 @@ class FastRounds:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
         self.off = True
         self.bell = None
-        self.headers, self.words, self.slots = [], [], []
+        self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
 
     def ring(self) -> None:
         """Wake the peers waiting on a round (a no-op once closed)."""
@@ -225,7 +227,7 @@ class FastRounds:
             scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
                         float(request.prescale))      # a broadcast's others send nothing
         at = KEY_OFFSET + b * KEY_ROOM
-        self.headers[self.rank][at:at + len(key)] = np.frombuffer(key, np.uint8)
+        self.header_bytes[self.rank][at:at + len(key)] = key
         mine[KEY_LENGTH + b] = len(key)
         mine[FAST_ROUND + b] = k
         mine[COUNT] = self.count = k
@@ -250,13 +252,12 @@ class FastRounds:
         """
         posted, self._posted_array = self._posted_array, None
         self._wait(lambda p: self._posted(p, k), entry, engine)
-        words, headers = self.words, self.headers
+        words, headers = self.words, self.header_bytes
         b = k % 2
         at = KEY_OFFSET + b * KEY_ROOM
         fast = [p for p in self.peers if words[p][COUNT] >= k and words[p][FAST_ROUND + b] == k]
         matched = len(fast) == len(self.peers) and all(
-            int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)].tobytes() == key
-            for p in fast)
+            int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)] == key for p in fast)
         self.readers[b] = fast
         if not matched:
             words[self.rank][RESOLVED] = k
