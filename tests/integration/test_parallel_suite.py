@@ -45,9 +45,12 @@ def test_parallel_hierarchical_two_hosts():
 
 
 @pytest.mark.slow
-def test_hierarchical_adasum_two_hosts():
-    """HOROVOD_HIERARCHICAL_ALLREDUCE=1: sum inside each host, Adasum across hosts (test_adasum.py expects it)."""
-    result = run_parallel_tests(4, "test_adasum.py", hosts=TWO_HOSTS, env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"},
+def test_hierarchical_adasum_and_every_rank_across_two_hosts():
+    """HOROVOD_HIERARCHICAL_ALLREDUCE=1: sum inside each host, Adasum across hosts (test_adasum.py expects it);
+    HOROVOD_HIERARCHICAL_CROSS=all: every local rank allreduces its block across hosts (upstream's scheme; the
+    job above runs the default, the hosts' leaders)."""
+    env = {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_CROSS": "all", EXPECT: "hierarchical"}
+    result = run_parallel_tests(4, ["test_adasum.py", "test_allreduce.py"], hosts=TWO_HOSTS, env=env,
                                 timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
     assert "[3]<stdout>" in result.stdout
 

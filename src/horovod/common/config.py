@@ -79,6 +79,12 @@ _KNOBS = [
          "(docs/adasum.md). Sum/Average across hosts are hierarchical (shm in host, tcp or MPI across) unless it "
          "is set to 0, which selects one flat ring over every rank (upstream's default); autotune leaves it "
          "alone."),
+    Knob("HOROVOD_HIERARCHICAL_CROSS", _choice("leader", "all"), "leader",
+         "Which ranks of a host cross hosts in a hierarchical allreduce: leader (the host's local rank 0 "
+         "allreduces the host's sum with the other hosts' leaders, then broadcasts it inside the host: one flow "
+         "per link) or all (every local rank allreduces its block of the host's sum with the same local rank of "
+         "the other hosts, as upstream's hierarchical allreduce: one flow per local rank). Set it alike on every "
+         "rank (docs/architecture.md).", ours=True),
     Knob("HOROVOD_HIERARCHICAL_ALLGATHER", parse_bool, False,
          "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway.",
          inert=True),
