@@ -29,6 +29,32 @@ def test_torch_state_commit_restore_and_sync_from_rank_0():
     assert torch.equal(model.weight.detach(), weights[0]) and state.epoch == 0
 
 
+def test_a_second_restore_without_a_commit_gives_the_commit_again():
+    """Two failures between commits: the optimizer steps taken after the first restore must not change what the
+    second restores (torch's load_state_dict keeps the tensors it is given, so the saved state must not be
+    them)."""
+    model = make_model(seed=0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+
+    def step():
+        optimizer.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+
+    step()
+    state = hvd.elastic.TorchState(model, optimizer)
+    state.commit()
+    committed = {k: v.clone() for k, v in optimizer.state[model.weight].items()}
+    weight = model.weight.detach().clone()
+    for _ in range(2):                              # each: a failure, the restore and sync, then training on
+        state.restore()
+        state.sync()
+        assert all(torch.equal(optimizer.state[model.weight][k], v) for k, v in committed.items())
+        assert torch.equal(model.weight.detach(), weight)
+        step()
+        step()
+
+
 def test_elastic_sampler_splits_what_is_left_of_the_epoch():
     size, rank = hvd.size(), hvd.rank()
     dataset = list(range(23))

@@ -93,6 +93,13 @@ class ModelStateHandler(_StateDictHandler):
 
 
 class OptimizerStateHandler(_StateDictHandler):
+    def restore(self) -> None:
+        """Load a copy of the commit: torch's ``Optimizer.load_state_dict`` keeps the tensors it is given (no
+        copy when dtype and device already match), so loading the saved ones would let the steps after this
+        restore change them, and a second failure before the next commit would restore those steps. (Upstream
+        loads the saved dict itself.)"""
+        self.value.load_state_dict(copy.deepcopy(self._saved))
+
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
