@@ -54,9 +54,11 @@ def lines_of(result, np_):
 
 
 # ---------------------------------------------------------------------------------------------- core files
-@pytest.mark.parametrize("np_", [3, 4])
+@pytest.mark.parametrize("np_", [3])
 def test_core_files_under_mpirun_on_the_mpi_plane(np_):
-    # One job per rank count runs every core file (start-up is much of a small job's time).
+    # One job runs every core file (start-up is much of a small job's time). Three ranks, not a power of two;
+    # MPI at four ranks runs in test_two_halves_of_comm_world_run_independent_jobs, and the core files at four
+    # ranks in the parallel suite.
     run_parallel_tests(np_, CORE, env=FORCE_MPI, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT,
                        launcher="mpirun")
 

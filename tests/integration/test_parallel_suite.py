@@ -68,9 +68,10 @@ def test_parallel_tcp_data_plane():
     # the two are independent, so one job covers both
     {"HOROVOD_SHM_CHUNK_BYTES": "65536", "HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "5",
      "HOROVOD_CACHE_CAPACITY": "4"},
-    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0"},
+    # small blocking allreduces through the coordinator too, there with neither fusion nor the cache (the
+    # default fusion and cache already run every async op through the coordinator)
+    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_FAST_ROUNDS": "0"},
     {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", EXPECT: "tcp"},   # the ring path, every size
-    {"HOROVOD_FAST_ROUNDS": "0"},                   # small blocking allreduces through the coordinator too
-], ids=["small_shm_chunks_group_fusion_off_tiny_cache", "no_fusion_no_cache", "tcp_ring_only", "no_fast_rounds"])
+], ids=["small_shm_chunks_group_fusion_off_tiny_cache", "no_fusion_no_cache_no_fast_rounds", "tcp_ring_only"])
 def test_parallel_knob_variants(env):
     run_parallel_tests(3, "test_allreduce.py", env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
