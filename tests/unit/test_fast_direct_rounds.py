@@ -15,7 +15,7 @@ from horovod.core.controller.messages import make_request
 from horovod.core.engine import fast_rounds
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.handles import Handle
-from horovod.core.engine.state import EngineState
+from tests.support.fast_rounds import RunningEngine
 
 
 def _may_copy() -> bool:
@@ -26,19 +26,6 @@ def _may_copy() -> bool:
 pytestmark = pytest.mark.skipif(not fast_rounds.supported() or not _may_copy(),
                                 reason="fast rounds need a futex and x86-64; direct ones, cross-memory copies")
 
-
-class _Engine:
-    """What a round needs of the engine (fast_rounds.Parking): running, no spin."""
-
-    state = EngineState.RUNNING
-    error = None
-    spin_s = 0.0
-
-    def park(self, entry, since):
-        pass
-
-    def unpark(self, entry):
-        pass
 
 
 def _sides(pids: Optional[List[int]], roomy=(True, True)) -> List[fast_rounds.FastRounds]:
@@ -74,7 +61,7 @@ def _round(sides, entries) -> List[object]:
         k = side.post_fast(entry, key)
         side.ring()
         try:
-            results[r] = side.resolve(k, key, entry, _Engine())
+            results[r] = side.resolve(k, key, entry, RunningEngine())
         except HorovodInternalError as exc:
             results[r] = exc
 

@@ -73,7 +73,16 @@ class Doorbell:
 
     def ring(self) -> None:
         """Change the word and wake every process sleeping on it."""
+        self.bump()
+        self.wake()
+
+    def bump(self) -> None:
+        """Change the word without waking anyone: for a caller that knows, by other means, that nobody sleeps
+        (it must then make the change visible before it looks, see fast_rounds.py's ``ring``)."""
         self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
+
+    def wake(self) -> None:
+        """Wake every process sleeping on the word (one system call, about 1.5 µs even when none sleeps)."""
         _SYSCALL(_NUMBER, self._address, _FUTEX_WAKE, _WAKE_ALL, None, None, 0)
 
     def sleep(self, seen: int, timeout: Optional[float]) -> None:

@@ -36,19 +36,22 @@ matched round copies each byte once, straight from the sender's array into the r
 until they are done, a direct round ends when every rank has resolved it: each rank publishes that it has, then
 waits for the others (the buffer rule above then always holds).
 
-**Waiting** sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every post. A
+**Waiting** polls, then sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every
+post; a sleeping rank raises its SLEEPING word, and a post makes the futex wake call only when some rank has. A
 waiter wakes at least every ``SLICE_SECONDS`` to see whether the engine stopped (an abort, a shutdown, a lost
 peer: the call then fails with the engine's reason, as a handle would), and after ``PARK_AFTER_SECONDS`` tells the coordinator which tensor it waits on, so that the stall
 inspector reports a rank that never comes exactly as it does for ops that went through the coordinator.
 
 Memory order: every word is written by its owner only, data before key before round before count, and read in
-the opposite order; x86-64 keeps stores in order and loads in order, which is all this needs. Other
-architectures take the coordinator path (:func:`supported`).
+the opposite order; x86-64 keeps stores in order and loads in order, which is all this needs, but for one
+store-then-load pair: a ring's bump before it reads the SLEEPING words, which a full barrier separates (see
+:meth:`FastRounds.ring`). Other architectures take the coordinator path (:func:`supported`).
 """
 from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 from typing import Callable, List, Optional, Protocol, Sequence
 
@@ -69,9 +72,10 @@ from horovod.core.engine.state import EngineState
 SLICE_SECONDS = 0.05
 PARK_AFTER_SECONDS = 0.5
 # Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH and ADDRESS have one word per buffer (even and odd
-# rounds). The buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
-COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS = 0, 1, 2, 3, 5, 7
-KEY_OFFSET = 72
+# rounds); SLEEPING is 1 while the rank sleeps on the doorbell. The buffers' keys follow from KEY_OFFSET,
+# KEY_ROOM bytes each.
+COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS, SLEEPING = 0, 1, 2, 3, 5, 7, 9
+KEY_OFFSET = 80
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
@@ -83,6 +87,7 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
 DIRECT_GATHER_BYTES = 32 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
+_FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
 
 
 class Parking(Protocol):
@@ -187,10 +192,19 @@ class FastRounds:
         self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
 
     def ring(self) -> None:
-        """Wake the peers waiting on a round (a no-op once closed)."""
+        """Wake the peers waiting on a round (a no-op once closed). The futex wake, most of a ring's cost, is made
+        only when a rank sleeps: a polling one sees the post anyway. The bump is made visible before the
+        SLEEPING words are read (a lock round trip is a full barrier on x86-64), and a sleeper sets its word
+        before the kernel reads the bell (the futex call takes a lock first): so either the sleeper's kernel sees
+        the bump and does not sleep, or this ring sees the sleeper and wakes it."""
         bell = self.bell
-        if bell is not None:
-            bell.ring()
+        if bell is None:
+            return
+        bell.bump()
+        with _FENCE:
+            pass
+        if any(w[SLEEPING] for w in self.words):
+            bell.wake()
 
     def key(self, request: Request, nbytes: int) -> Optional[bytes]:
         """The round's key for ``request`` on this set (:func:`key_of`), or None when it cannot go fast."""
@@ -297,6 +311,7 @@ class FastRounds:
             if not missing:
                 return
         bell, started, parked = self.bell, time.monotonic(), False
+        mine = self.words[self.rank]
         try:
             while True:
                 seen = bell.value()
@@ -305,11 +320,13 @@ class FastRounds:
                     return
                 if engine.state is EngineState.STOPPED:   # with the reason an aborting engine found, as handles
                     raise HorovodInternalError(str(engine.error))
+                mine[SLEEPING] = 1                  # before the kernel reads the bell (see ring)
                 bell.sleep(seen, SLICE_SECONDS)
                 if not parked and time.monotonic() - started > PARK_AFTER_SECONDS:
                     parked = True
                     engine.park(entry, started)
         finally:
+            mine[SLEEPING] = 0
             if parked:
                 engine.unpark(entry)
 
