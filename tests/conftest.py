@@ -19,8 +19,8 @@ def pytest_configure(config):
     HOROVOD_FLIGHT_RECORDER_DIR itself.
 
     Every JAX process of this run (each rank of every JAX job, the in-process tests) shares one persistent
-    compilation cache: the JAX jobs at 1, 3 and 4 ranks, the Keras JAX backend and the JAX examples compile the
-    same small programs, and a later job loads them instead (the 4-rank JAX job went from 35 s to 23 s on the
+    compilation cache: the JAX jobs at each rank count, the Keras JAX backend and the JAX examples compile the
+    same small programs, and a later job loads them instead (a 4-rank JAX job went from 35 s to 23 s on the
     reference VM). Tracing, and so every horovod.jax code path, still runs; only XLA's compile is skipped."""
     if not os.environ.get("HOROVOD_FLIGHT_RECORDER_DIR"):
         os.environ["HOROVOD_FLIGHT_RECORDER_DIR"] = _FLIGHT_DIR[0] = tempfile.mkdtemp(prefix="horovod-flight-tests-")

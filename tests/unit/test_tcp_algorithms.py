@@ -413,9 +413,9 @@ def test_shm_back_to_back_small_and_large_collectives(shm_group, size):
 CROSS = ["leader", "all"]       # HOROVOD_HIERARCHICAL_CROSS: who crosses hosts in an allreduce
 
 
-@pytest.mark.parametrize("cross", CROSS)
-def test_hierarchical_two_hosts_of_two(monkeypatch, cross):
-    monkeypatch.setenv("HOROVOD_HIERARCHICAL_CROSS", cross)
+@pytest.mark.parametrize("mode", CROSS)
+def test_hierarchical_two_hosts_of_two(monkeypatch, mode):
+    monkeypatch.setenv("HOROVOD_HIERARCHICAL_CROSS", mode)
     comms = make_comms(4, hosts=["a", "a", "b", "b"])
     tag = uuid.uuid4().hex[:12]
     try:
@@ -427,7 +427,7 @@ def test_hierarchical_two_hosts_of_two(monkeypatch, cross):
                                        TcpBackend(comms[r].sub(cross)))
 
         backends = run_ranks(4, build)
-        assert all(b.leader_crosses == (cross == "leader") for b in backends)
+        assert all(b.leader_crosses == (mode == "leader") for b in backends)
         for n in (SMALL, LARGE, 3):
             for op in (ReduceOp.SUM, ReduceOp.MAX):
                 check_allreduce(backends, n, op)
@@ -453,14 +453,14 @@ def build_hierarchical(comms, hosts, tag):
     return build
 
 
-@pytest.mark.parametrize("cross", CROSS)
+@pytest.mark.parametrize("mode", CROSS)
 @pytest.mark.parametrize("hosts", [["a", "a", "b", "b"], ["a", "a", "b", "b", "c", "c"], ["a", "b", "c"],
                                    ["a", "a", "a", "b", "b", "b"]], ids=["2x2", "3x2", "3x1", "2x3"])
-def test_hierarchical_pipelined_in_pieces(monkeypatch, hosts, cross):
+def test_hierarchical_pipelined_in_pieces(monkeypatch, hosts, mode):
     # 24 KB pieces cut the 400 KB buffer into 17 pieces (the last one short), each summed in the host while
     # earlier pieces cross hosts (by the host's leader, or by every local rank with its block); with one rank per
     # host the cross-host ring runs alone. Every op, and bitwise the same result on every rank.
-    monkeypatch.setenv("HOROVOD_HIERARCHICAL_CROSS", cross)
+    monkeypatch.setenv("HOROVOD_HIERARCHICAL_CROSS", mode)
     monkeypatch.setattr(hierarchical, "PIECE_BYTES", 24 * 1024)
     n = len(hosts)
     comms = make_comms(n, hosts=hosts)

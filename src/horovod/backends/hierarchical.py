@@ -58,6 +58,12 @@ def piece_elements(buf: np.ndarray) -> int:
     return PIECE_BYTES // buf.dtype.itemsize
 
 
+def pieces_of(buf: np.ndarray) -> List[np.ndarray]:
+    """``buf`` cut into the pieces of a pipelined allreduce (views, :func:`piece_elements` each)."""
+    step = piece_elements(buf)
+    return [buf[lo:lo + step] for lo in range(0, buf.size, step)]
+
+
 class _SerialWorker:
     """One daemon thread that runs submitted calls in order (a daemon, so that a call stuck on a lost peer
     cannot hold the process at exit)."""
@@ -107,8 +113,7 @@ class HierarchicalBackend(Backend):
         if self.leader_crosses:
             self._leader_allreduce(buf, op)
             return
-        step = piece_elements(buf)
-        pieces = [buf[lo:lo + step] for lo in range(0, buf.size, step)]
+        pieces = pieces_of(buf)
         counts = [split_counts(piece.size, self.local.size) for piece in pieces]
         sizes = [c[self.local.rank] for c in counts]
         nbytes = sum(sizes) * buf.dtype.itemsize
@@ -128,8 +133,7 @@ class HierarchicalBackend(Backend):
         the leader hands it to the cross-host worker (in piece order on every leader) and goes on to the next
         piece; then each piece is broadcast from the leader inside the host once its ring is done. The other
         local ranks wait in that broadcast, off the link. One piece runs on this thread alone."""
-        step = piece_elements(buf)
-        pieces = [buf[lo:lo + step] for lo in range(0, buf.size, step)]
+        pieces = pieces_of(buf)
         leader = self.local.rank == 0
         if len(pieces) == 1:
             self.local.allreduce_buffer(buf, op)

@@ -364,7 +364,7 @@ class FastRounds:
             if not _same_array(entry.output, entry.tensor):
                 np.copyto(entry.output, entry.tensor)
             return
-        out = self._gathered_output(entry)
+        out = self._gathered_output(entry, posted.dtype)
         flat = out.reshape(-1) if out.flags.c_contiguous else np.empty(out.size, out.dtype)
         count = posted.size
         flat[self.rank * count:(self.rank + 1) * count] = posted.reshape(-1)
@@ -411,16 +411,16 @@ class FastRounds:
         if rtype == RequestType.REDUCESCATTER:
             self._reduce_scatter(entry, b, shape, dtype)
             return
-        out = self._gathered_output(entry)
+        out = self._gathered_output(entry, dtype)
         flat, count = out.reshape(-1), entry.tensor.size
         for r, pair in enumerate(self.slots):
             flat[r * count:(r + 1) * count] = pair[b][:n].view(dtype)
         entry.output = out
 
-    def _gathered_output(self, entry: Entry) -> np.ndarray:
-        """A new output for a matched allgather: every rank's rows (equal shapes: the key says so)."""
+    def _gathered_output(self, entry: Entry, dtype: np.dtype) -> np.ndarray:
+        """A new output of ``dtype`` for a matched allgather: every rank's rows (equal shapes: the key says so)."""
         shape = tuple(entry.request.shape)
-        return allocate_output(entry, (shape[0] * self.size, *shape[1:]), numpy_dtype(entry.request.dtype))
+        return allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)
 
     def _reduce_scatter(self, entry: Entry, b: int, shape: tuple, dtype: np.dtype) -> None:
         """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
