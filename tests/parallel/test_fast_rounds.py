@@ -1,5 +1,5 @@
 """Fast rounds (core/engine/fast_rounds.py): blocking collectives agreed, and small ones reduced, through shared
-memory; large broadcasts and allgathers copied once between the ranks' own arrays (direct rounds).
+memory; large ones copied once between the ranks' own arrays (direct rounds).
 
 Runs first in its job (test_parallel_suite.py): a join seals the fast rounds for the rest of the job. Where the
 job has no fast rounds (one rank, several hosts, HOROVOD_FAST_ROUNDS=0), every body still checks its results,
@@ -73,17 +73,67 @@ def test_scale_factors_and_in_place():
     np.testing.assert_allclose(x, np.full((4, 8), 0.5 * 4.0 * size * (size + 1) / 2))
 
 
-def test_a_slot_sized_op_goes_fast_and_a_larger_one_does_not():
-    """The largest allreduce that goes fast: a slot, or less where every rank would read more than
-    REDUCE_TOTAL_BYTES of slots."""
+def _allreduce_goes_direct(nbytes: int) -> bool:
+    """Whether a blocking allreduce of ``nbytes`` should copy directly here: only where the ranks may copy to and
+    from each other's memory, and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank), and
+    (more ranks than cores) not even a slot could."""
+    fast = _fast()
+    return (fast is not None and fast.pids is not None and nbytes * fast.size > REDUCE_TOTAL_BYTES
+            and (fast.roomy or nbytes > FAST_SLOT_BYTES))
+
+
+def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
+    """The largest allreduce through the slots: a slot, or less where every rank would read more than
+    REDUCE_TOTAL_BYTES of slots. A larger one goes fast only as a direct round."""
     size = hvd.size()
     fits = np.ones(min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size) // 4, np.float32)
-    before = _matched()
+    before, direct = _matched(), _direct()
     np.testing.assert_array_equal(hvd.allreduce(fits, op=hvd.Sum, name="fr.fits"), np.full_like(fits, size))
     _expect_fast(before)
+    assert _direct() == direct
     big = np.ones(FAST_SLOT_BYTES // 4 + 1, np.float32)
     np.testing.assert_array_equal(hvd.allreduce(big, op=hvd.Sum, name="fr.big"), np.full_like(big, size))
-    _expect_fast(before + (1 if _fast() is not None else 0), 0)
+    _expect_fast(before + (1 if _fast() is not None else 0), 1 if _allreduce_goes_direct(big.nbytes) else 0)
+
+
+# Element counts that do not split evenly among 2-4 ranks: one beyond REDUCE_TOTAL_BYTES read per rank only at 4
+# ranks (through the slots at 2 and 3, through the coordinator where 4 ranks share 2 cores), one beyond a slot.
+@pytest.mark.parametrize("count", [REDUCE_TOTAL_BYTES // 16 + 1, FAST_SLOT_BYTES // 4 + 7])
+@pytest.mark.parametrize("where", ["new", "in place", "strided"])
+def test_a_large_allreduce_copies_once(count, where):
+    """A direct allreduce gives the coordinator's numbers (Average, a prescale), into a new output, in place,
+    or into an output that is not contiguous."""
+    rank = hvd.rank()
+    x = ((np.arange(count) % 7) * (rank + 1) + rank * rank).astype(np.float32)
+    slow = ops.allreduce_async(x, name=f"fr.large.slow.{count}.{where}", op=hvd.Average, prescale_factor=0.5).wait()
+    before, direct = _matched(), _direct()
+    output = {"new": None, "in place": x, "strided": np.zeros(2 * count, np.float32)[::2]}[where]
+    with ops.blocking():
+        got = ops.allreduce_async(x, output, name=f"fr.large.{count}.{where}", op=hvd.Average,
+                                  prescale_factor=0.5).wait()
+    np.testing.assert_array_equal(got, slow)
+    if output is not None:
+        np.testing.assert_array_equal(output, slow)
+    goes_direct = _allreduce_goes_direct(x.nbytes)
+    fits_slots = _fast() is not None and x.nbytes <= FAST_SLOT_BYTES and x.nbytes * hvd.size() <= REDUCE_TOTAL_BYTES
+    _expect_fast(before, 1 if goes_direct or fits_slots else 0)
+    assert _direct() == direct + (1 if goes_direct else 0)
+
+
+@pytest.mark.parametrize("rows", [FAST_SLOT_BYTES // 24 + 5, 3 * FAST_SLOT_BYTES // 24 + 1])
+def test_a_large_reducescatter_copies_once(rows):
+    """Beyond a slot, a reducescatter reads this rank's rows (upstream's split: they do not divide evenly at
+    2-4 ranks) straight from every peer's input."""
+    rank, size = hvd.rank(), hvd.size()
+    x = (np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) % 11 + rank) * (rank + 1)
+    slow = ops.reducescatter_async(x, name=f"fr.rs.large.slow.{rows}", op=hvd.Average, postscale_factor=3.0).wait()
+    before, direct = _matched(), _direct()
+    fast = hvd.reducescatter(x, op=hvd.Average, postscale_factor=3.0, name=f"fr.rs.large.{rows}")
+    np.testing.assert_array_equal(fast, slow)
+    assert fast.shape == (rows // size + (1 if rank < rows % size else 0), 3)
+    cross = _fast() is not None and _fast().pids is not None
+    _expect_fast(before, 1 if cross else 0)
+    assert _direct() == direct + (1 if cross else 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])

@@ -28,17 +28,20 @@ pytestmark = pytest.mark.skipif(not fast_rounds.supported() or not _may_copy(),
 
 
 
-def _sides(pids: Optional[List[int]], roomy=(True, True)) -> List[fast_rounds.FastRounds]:
-    """Two ranks' sides; ``roomy``: whether each believes every rank has a core of its own."""
-    area = np.zeros(FAST_LINE_BYTES + 2 * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
-    sides = [fast_rounds.FastRounds(area, r, 2, [0, 1], pids) for r in range(2)]
+def _sides(pids: Optional[List[int]], roomy=(True, True), size: int = 2) -> List[fast_rounds.FastRounds]:
+    """``size`` ranks' sides (two by default); ``roomy``: whether each believes every rank has a core of its
+    own."""
+    area = np.zeros(FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    if pids is not None:
+        pids = [pids[0]] * size
+    sides = [fast_rounds.FastRounds(area, r, size, list(range(size)), pids) for r in range(size)]
     for side, own_core in zip(sides, roomy):
         side.roomy = own_core
     return sides
 
 
-def _entry(rtype: RequestType, tensor: np.ndarray, output, root: int = -1) -> Entry:
-    request = make_request("t", rtype, data_type_of(tensor.dtype), tensor.shape, root=root)
+def _entry(rtype: RequestType, tensor: np.ndarray, output, root: int = -1, **scales) -> Entry:
+    request = make_request("t", rtype, data_type_of(tensor.dtype), tensor.shape, root=root, **scales)
     return Entry(request, tensor, output, Handle("t"))
 
 
@@ -51,8 +54,8 @@ def _broadcasts(count: int):
 
 
 def _round(sides, entries) -> List[object]:
-    """Both ranks post and resolve one round, each in a thread; returns what each resolve gave or raised."""
-    results: List[object] = [None, None]
+    """Every rank posts and resolves one round, each in a thread; returns what each resolve gave or raised."""
+    results: List[object] = [None] * len(sides)
 
     def run(r: int) -> None:
         side, entry = sides[r], entries[r]
@@ -65,7 +68,7 @@ def _round(sides, entries) -> List[object]:
         except HorovodInternalError as exc:
             results[r] = exc
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(sides))]
     for t in threads:
         t.start()
     for t in threads:
@@ -91,6 +94,65 @@ def test_allgather_reads_each_peers_input():
     assert _round(sides, entries) == [True, True]
     for entry in entries:
         np.testing.assert_array_equal(entry.output, np.concatenate(inputs))
+
+
+# Element counts that do not split evenly among the ranks; float32 beyond what the slots take at 2 and 3 ranks.
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("count", [fast_rounds.REDUCE_TOTAL_BYTES // 4 // 2 + 1, FAST_SLOT_BYTES // 4 + 7])
+def test_allreduce_reduces_its_segment_and_writes_it_into_every_peer(size, count):
+    sides = _sides([os.getpid()], roomy=(True,) * size, size=size)
+    inputs = [np.arange(count, dtype=np.float32) * (r + 1) + r for r in range(size)]
+    outputs = [np.full(count, -1.0, np.float32) for _ in range(size)]
+    entries = [_entry(RequestType.ALLREDUCE, x, out) for x, out in zip(inputs, outputs)]
+    assert _round(sides, entries) == [True] * size
+    expected = inputs[0] + inputs[1]
+    for x in inputs[2:]:
+        expected += x
+    for out in outputs:
+        np.testing.assert_array_equal(out, expected)
+    assert [s.direct for s in sides] == [1] * size
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("prescale", [1.0, 0.5])
+def test_allreduce_in_place_with_scale_factors(size, prescale):
+    """The output is the input on every rank (each rank's segment is read only by the rank that reduces it) and
+    the scale factors give the data plane's numbers; the third rank's own part must survive its own output."""
+    sides = _sides([os.getpid()], roomy=(True,) * size, size=size)
+    count = FAST_SLOT_BYTES // 8 + 5
+    values = [r * r + 1.0 for r in range(size)]     # 1, 2, 5: no rank's value is the sum of the ones before
+    buffers = [np.full(count, v) for v in values]
+    entries = [_entry(RequestType.ALLREDUCE, x, x, prescale=prescale, postscale=3.0) for x in buffers]
+    assert _round(sides, entries) == [True] * size
+    for x in buffers:
+        np.testing.assert_array_equal(x, np.full(count, 3.0 * prescale * sum(values)))
+
+
+def test_allreduce_into_a_strided_output_goes_through_a_scratch_array():
+    sides = _sides([os.getpid()])
+    count = FAST_SLOT_BYTES // 4 + 1
+    inputs = [np.full(count, r + 2.0, np.float32) for r in range(2)]
+    outputs = [np.zeros(2 * count, np.float32)[::2] for _ in range(2)]
+    assert _round(sides, [_entry(RequestType.ALLREDUCE, x, out) for x, out in zip(inputs, outputs)]) == [True, True]
+    for out in outputs:
+        np.testing.assert_array_equal(out, np.full(count, 5.0, np.float32))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_reducescatter_reads_its_rows_of_every_peer(size):
+    """Rows that do not split evenly (upstream's split: the first ranks one row more), beyond a slot."""
+    sides = _sides([os.getpid()], roomy=(True,) * size, size=size)
+    rows = FAST_SLOT_BYTES // 24 + size + 1
+    inputs = [np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) * (r + 1) for r in range(size)]
+    entries = [_entry(RequestType.REDUCESCATTER, x, None, postscale=0.5) for x in inputs]
+    assert _round(sides, entries) == [True] * size
+    total = sum(inputs) * 0.5
+    start = 0
+    for r, entry in enumerate(entries):
+        mine = rows // size + (1 if r < rows % size else 0)
+        np.testing.assert_array_equal(entry.output, total[start:start + mine])
+        start += mine
+    assert [s.direct for s in sides] == [1] * size
 
 
 def test_below_the_threshold_the_slots_carry_the_data():

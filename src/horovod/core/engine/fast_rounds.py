@@ -28,13 +28,17 @@ the owner posts SLOW rather than wait, because a reader may be waiting, through 
 this rank is about to submit. In a loop of blocking calls a peer resolves round k before it posts round k + 1,
 so the buffer of round k is always free again at round k + 2.
 
-**Direct rounds.** A broadcast or allgather from DIRECT_FROM bytes (per rank) need not pass through the slots: where
-every rank may copy to and from its peers' memory (``process_vm_readv``/``writev``, agreed when the shm plane
-started, :mod:`horovod.backends.cma`), the record carries the address of the rank's own array instead, and a
-matched round copies each byte once, straight from the sender's array into the receiver's, with no size limit
-(an allgather up to DIRECT_GATHER_BYTES of output, as the data plane). Since peers copy to and from that array
-until they are done, a direct round ends when every rank has resolved it: each rank publishes that it has, then
-waits for the others (the buffer rule above then always holds).
+**Direct rounds.** A broadcast or allgather from DIRECT_FROM bytes (per rank), and an allreduce or reducescatter
+too large for the slots, need not pass through the slots: where every rank may copy to and from its peers' memory
+(``process_vm_readv``/``writev``, agreed when the shm plane started, :mod:`horovod.backends.cma`), the record
+carries the address of the rank's own array instead, and a matched round copies each byte once, straight from the
+sender's array into the receiver's, with no size limit (an allgather up to DIRECT_GATHER_BYTES of output, as the
+data plane). A direct allreduce also posts its output's address: each rank reads its own segment of every peer's
+input, reduces it in rank order and writes the result into every peer's output, so no rank waits for another in
+the middle of the round (a segment of an input is read only by the rank that reduces it, so even an allreduce in
+place is safe). A direct reducescatter is that first half alone. Since peers copy to and from those arrays until
+they are done, a direct round ends when every rank has resolved it: each rank publishes that it has, then waits
+for the others (the buffer rule above then always holds).
 
 **Waiting** polls, then sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every
 post; a sleeping rank raises its SLEEPING word, and a post makes the futex wake call only when some rank has. A
@@ -58,6 +62,7 @@ from typing import Callable, List, Optional, Protocol, Sequence
 import numpy as np
 
 from horovod.backends import cma, doorbell
+from horovod.backends.blocks import split_counts
 from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
@@ -71,11 +76,11 @@ from horovod.core.engine.state import EngineState
 
 SLICE_SECONDS = 0.05
 PARK_AFTER_SECONDS = 0.5
-# Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH and ADDRESS have one word per buffer (even and odd
-# rounds); SLEEPING is 1 while the rank sleeps on the doorbell. The buffers' keys follow from KEY_OFFSET,
-# KEY_ROOM bytes each.
-COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS, SLEEPING = 0, 1, 2, 3, 5, 7, 9
-KEY_OFFSET = 80
+# Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH, ADDRESS and OUT_ADDRESS (a direct allreduce's
+# output) have one word per buffer (even and odd rounds); SLEEPING is 1 while the rank sleeps on the doorbell. The
+# buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
+COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS, SLEEPING, OUT_ADDRESS = 0, 1, 2, 3, 5, 7, 9, 10
+KEY_OFFSET = 96
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
@@ -85,6 +90,9 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 # and writes where the ranks may use them (a *direct* round), up to DIRECT_GATHER_BYTES of allgather output.
 # Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md, issue 31).
 DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
+# An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
+# rank, or a slot): single copies by cross-memory calls move about a quarter of memcpy's bytes per second on the
+# reference VM, so below that the slots' two cache-hot copies are faster (docs/benchmarks.md, issue 31).
 DIRECT_GATHER_BYTES = 32 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
@@ -123,7 +131,13 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     ranks outnumber the cores (not ``roomy``), only what does not fit a slot goes direct: there the direct round's
     closing wait costs more context switches than the second copy. The choice is part of the round's key, so ranks
     that choose differently do not match."""
-    if not cross or nbytes < DIRECT_FROM.get(rtype, 1 << 62) or not (roomy or nbytes > FAST_SLOT_BYTES):
+    if not cross:
+        return False
+    if rtype == RequestType.ALLREDUCE:
+        return nbytes * size > REDUCE_TOTAL_BYTES and (roomy or nbytes > FAST_SLOT_BYTES)
+    if rtype == RequestType.REDUCESCATTER:
+        return nbytes > FAST_SLOT_BYTES
+    if nbytes < DIRECT_FROM.get(rtype, 1 << 62) or not (roomy or nbytes > FAST_SLOT_BYTES):
         return False
     return rtype != RequestType.ALLGATHER or nbytes * size <= DIRECT_GATHER_BYTES
 
@@ -132,10 +146,10 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
     a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
     differ do not match, and go through the coordinator) of one host tensor that fits a slot, or (``direct``,
-    see :func:`goes_direct`) a broadcast or allgather of any size. Every rank of a fast allreduce reduces all
-    ``size`` slots itself, so it goes fast only while that stays under REDUCE_TOTAL_BYTES (beyond, the data
-    plane's reduce-scatter, which splits that work, is faster). A broadcast whose root is not among the set's
-    ``ranks`` (global ranks) goes through the coordinator, which reports it."""
+    see :func:`goes_direct`) of any size. Every rank of an allreduce through the slots reduces all ``size`` slots
+    itself, so it goes that way only while that stays under REDUCE_TOTAL_BYTES (beyond, a direct round or the
+    data plane splits that work). A broadcast whose root is not among the set's ``ranks`` (global ranks) goes
+    through the coordinator, which reports it."""
     rtype, size = request.rtype, len(ranks)
     if rtype not in _TYPES or request.group or request.device:
         return None
@@ -143,7 +157,7 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
         return None
     if rtype in _REDUCING and request.reduce_op not in _OPS:     # ints: an IntEnum hashes as its value
         return None
-    if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES:
+    if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES and not direct:
         return None
     if rtype == RequestType.BROADCAST and request.root not in ranks:
         return None
@@ -182,8 +196,10 @@ class FastRounds:
         self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
         self.direct = 0                 # of which by cross-memory copies
         # The open direct round's contiguous array whose address this rank posted (peers read or write it until
-        # they resolve the round), and the op's output when that is not the posted array itself.
+        # they resolve the round), and a direct allreduce's posted output (peers write into it).
         self._posted_array: Optional[np.ndarray] = None
+        self._posted_output: Optional[np.ndarray] = None
+        self._scratch = np.empty(0, np.uint8)       # peers' segments of a direct allreduce or reducescatter
 
     def close(self) -> None:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
@@ -237,6 +253,10 @@ class FastRounds:
         if key.endswith(DIRECT_MARK):
             self._posted_array = posted = self._direct_array(entry)
             mine[ADDRESS + b] = cma.address(posted)
+            if request.rtype == RequestType.ALLREDUCE:
+                out = entry.output
+                self._posted_output = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+                mine[OUT_ADDRESS + b] = cma.address(self._posted_output)
         elif request.rtype != RequestType.BROADCAST or self.ranks.index(request.root) == self.rank:
             scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
                         float(request.prescale))      # a broadcast's others send nothing
@@ -265,6 +285,7 @@ class FastRounds:
         the engine stops meanwhile, or when a direct round's cross-memory copy fails.
         """
         posted, self._posted_array = self._posted_array, None
+        posted_output, self._posted_output = self._posted_output, None
         self._wait(lambda p: self._posted(p, k), entry, engine)
         words, headers = self.words, self.header_bytes
         b = k % 2
@@ -281,13 +302,13 @@ class FastRounds:
             words[self.rank][RESOLVED] = k
         else:
             try:
-                self._finish_direct(entry, b, posted)
+                self._finish_direct(entry, b, posted, posted_output)
             finally:
                 # Peers copy to and from ``posted`` until they resolve the round: wait for them all.
                 words[self.rank][RESOLVED] = k
                 self.ring()
                 self._wait(lambda p: words[p][RESOLVED] >= k, entry, engine)
-            self._after_direct(entry, posted)
+            self._after_direct(entry, posted, posted_output)
             self.direct += 1
         self.matched += 1
         return True
@@ -333,7 +354,7 @@ class FastRounds:
     # ------------------------------------------------------------------ direct rounds
     def _direct_array(self, entry: Entry) -> np.ndarray:
         """The C-contiguous array a direct round posts: the input that the peers read (a broadcast's root, every
-        rank of an allgather), or the output that the root writes to and this rank reads into (a broadcast's
+        rank of an allgather, an allreduce or a reducescatter), or the output that the root writes to and this rank reads into (a broadcast's
         other ranks; a scratch array where the output is not contiguous)."""
         request = entry.request
         if request.rtype == RequestType.BROADCAST and self.ranks.index(request.root) != self.rank:
@@ -341,8 +362,10 @@ class FastRounds:
             return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
         return np.ascontiguousarray(entry.tensor)
 
-    def _finish_direct(self, entry: Entry, b: int, posted: np.ndarray) -> None:
+    def _finish_direct(self, entry: Entry, b: int, posted: np.ndarray, posted_output: Optional[np.ndarray]) -> None:
         """A matched direct round's copies, straight between the ranks' own arrays (one copy per byte).
+
+        An allreduce or reducescatter: see :meth:`_reduce_direct`.
 
         A broadcast splits the work as the data plane does: the root writes the first 1/size of the buffer (whole
         pages) into every peer, each peer reads the rest from the root. An allgather reads each peer's block from
@@ -351,6 +374,9 @@ class FastRounds:
         """
         request = entry.request
         addresses = [int(w[ADDRESS + b]) for w in self.words]
+        if request.rtype in _REDUCING:
+            self._reduce_direct(entry, b, posted, posted_output, addresses)
+            return
         if request.rtype == RequestType.BROADCAST:
             root = self.ranks.index(request.root)
             raw = posted.reshape(-1).view(np.uint8)
@@ -375,10 +401,74 @@ class FastRounds:
             np.copyto(out, flat.reshape(out.shape))
         entry.output = out
 
-    def _after_direct(self, entry: Entry, posted: np.ndarray) -> None:
+    def _reduce_direct(self, entry: Entry, b: int, posted: np.ndarray, posted_output: Optional[np.ndarray],
+                       addresses: List[int]) -> None:
+        """A direct allreduce or reducescatter: this rank's segment of every peer's input (``posted`` on each
+        rank), read straight from the peer's memory and reduced in rank order with this rank's own, as the data
+        plane reduces (the same bits). The segment is this rank's rows of a reducescatter (upstream's split), its
+        1/size of an allreduce, whose reduced segment this rank then writes into every peer's posted output, as
+        each peer writes its segment into this rank's: once every rank has resolved the round, every output is
+        whole. Only this rank reads its segment of any input, so it is still intact when read, in place or not."""
+        request = entry.request
+        flat_in = posted.reshape(-1)
+        dtype, itemsize = flat_in.dtype, flat_in.dtype.itemsize
+        if request.rtype == RequestType.REDUCESCATTER:
+            shape = tuple(request.shape)
+            rows, row = split_rows(shape, self.size), row_elements(shape[1:])
+            lo, count = sum(rows[:self.rank]) * row, rows[self.rank] * row
+            out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
+            segment = out.reshape(-1)
+        else:
+            counts = split_counts(flat_in.size, self.size)
+            lo, count = sum(counts[:self.rank]), counts[self.rank]
+            out = posted_output
+            segment = out.reshape(-1)[lo:lo + count]
+        prescale = float(request.prescale)
+        own = flat_in[lo:lo + count]
+        if prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(own, segment)):
+            own = self._scratch_part(self.size - 1, count, dtype)     # the output overwrites it before its turn
+            scaled_copy(own, flat_in[lo:lo + count], prescale)
+        parts = []
+        for r in range(self.size):
+            if r == self.rank:
+                parts.append(own)
+                continue
+            part = self._scratch_part(r - (r > self.rank), count, dtype)   # the last part is this rank's
+            self._cross(r, cma.read, addresses[r] + lo * itemsize, part, entry)
+            scale_inplace(part, prescale)
+            parts.append(part)
+        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
+        if len(parts) == 1:
+            np.copyto(segment, parts[0])
+        else:
+            combine(segment, parts[0], parts[1], op)
+        for part in parts[2:]:
+            reduce_into(segment, part, op)
+        scale_inplace(segment, postscale)
+        if request.rtype == RequestType.REDUCESCATTER:
+            entry.output = out
+            return
+        outputs = [int(w[OUT_ADDRESS + b]) for w in self.words]
+        for step in range(1, self.size):
+            r = (self.rank + step) % self.size
+            self._cross(r, cma.write, outputs[r] + lo * itemsize, segment, entry)
+
+    def _scratch_part(self, index: int, count: int, dtype: np.dtype) -> np.ndarray:
+        """The ``index``-th of ``size`` scratch arrays of ``count`` elements (kept between rounds: no page faults
+        once warm)."""
+        nbytes = count * dtype.itemsize
+        if self._scratch.nbytes < self.size * nbytes:
+            self._scratch = np.empty(self.size * nbytes, np.uint8)
+        return self._scratch[index * nbytes:(index + 1) * nbytes].view(dtype)
+
+    def _after_direct(self, entry: Entry, posted: np.ndarray, posted_output: Optional[np.ndarray]) -> None:
         """Once every peer resolved the round: a broadcast that a rank other than the root received into a scratch
-        array (its output is not contiguous) goes to the output, now that the root has written its part too."""
+        array (its output is not contiguous) goes to the output, now that the root has written its part too; so
+        does an allreduce whose output was not contiguous, now that every peer has written its segment."""
         request, out = entry.request, entry.output
+        if posted_output is not None and posted_output is not out:
+            np.copyto(out, posted_output)
+            return
         if request.rtype == RequestType.BROADCAST and posted is not out \
                 and self.ranks.index(request.root) != self.rank:
             np.copyto(out, posted)
