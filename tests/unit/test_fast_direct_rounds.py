@@ -155,6 +155,17 @@ def test_reducescatter_reads_its_rows_of_every_peer(size):
     assert [s.direct for s in sides] == [1] * size
 
 
+@pytest.mark.parametrize("rtype", [RequestType.ALLREDUCE, RequestType.REDUCESCATTER])
+def test_beyond_the_direct_limit_a_reduction_goes_to_the_coordinator(rtype):
+    sides = _sides([os.getpid()])
+    limit = fast_rounds.DIRECT_REDUCE_BYTES
+    for nbytes, fast in [(limit, True), (limit + 4, False)]:
+        request = make_request("t", rtype, data_type_of(np.dtype(np.float32)), [nbytes // 4])
+        key = sides[0].key(request, nbytes)
+        assert (key is not None) == fast
+        assert key is None or key.endswith(fast_rounds.DIRECT_MARK)
+
+
 def test_below_the_threshold_the_slots_carry_the_data():
     sides = _sides([os.getpid()] * 2)
     small, out, entries = _broadcasts(16)

@@ -150,8 +150,8 @@ _KNOBS = [
     Knob("HOROVOD_SHM_CROSS_MEMORY", parse_bool, True,
          "Large broadcasts, and allgathers with a 4-32 MiB output, on one host copy once, straight between the "
          "ranks' buffers (process_vm_readv/writev, used where the kernel allows it), as do blocking broadcasts "
-         "from 128 KiB and allgathers from 512 KiB per rank in fast rounds; 0 keeps them on the shared-memory "
-         "slots.",
+         "from 128 KiB, allgathers from 512 KiB per rank, and allreduces and reducescatters up to 16 MiB that "
+         "the slots cannot take, in fast rounds; 0 keeps them on the shared-memory slots.",
          ours=True),
     Knob("HOROVOD_CUDA_IPC", parse_bool, True,
          "CUDA tensors of a job whose ranks share one host are exchanged between the ranks' GPU memory through "

@@ -92,7 +92,9 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
 # An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
 # rank, or a slot): single copies by cross-memory calls move about a quarter of memcpy's bytes per second on the
-# reference VM, so below that the slots' two cache-hot copies are faster (docs/benchmarks.md, issue 31).
+# reference VM, so below that the slots' two cache-hot copies are faster. Up to DIRECT_REDUCE_BYTES per rank:
+# beyond, the data plane's pipelined chunks, which stay in the cache, are as fast (docs/benchmarks.md, issue 31).
+DIRECT_REDUCE_BYTES = 16 << 20
 DIRECT_GATHER_BYTES = 32 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
@@ -133,6 +135,8 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     that choose differently do not match."""
     if not cross:
         return False
+    if rtype in _REDUCING and nbytes > DIRECT_REDUCE_BYTES:
+        return False
     if rtype == RequestType.ALLREDUCE:
         return nbytes * size > REDUCE_TOTAL_BYTES and (roomy or nbytes > FAST_SLOT_BYTES)
     if rtype == RequestType.REDUCESCATTER:
@@ -146,7 +150,7 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
     a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
     differ do not match, and go through the coordinator) of one host tensor that fits a slot, or (``direct``,
-    see :func:`goes_direct`) of any size. Every rank of an allreduce through the slots reduces all ``size`` slots
+    see :func:`goes_direct`) larger. Every rank of an allreduce through the slots reduces all ``size`` slots
     itself, so it goes that way only while that stays under REDUCE_TOTAL_BYTES (beyond, a direct round or the
     data plane splits that work). A broadcast whose root is not among the set's ``ranks`` (global ranks) goes
     through the coordinator, which reports it."""
