@@ -96,8 +96,8 @@ def test_allgather_reads_each_peers_input():
         np.testing.assert_array_equal(entry.output, np.concatenate(inputs))
 
 
-# Element counts that do not split evenly among the ranks; float32 beyond what the slots take at 2 and 3 ranks.
-@pytest.mark.parametrize("size", [2, 3])
+# Element counts that do not split evenly among the ranks; float32 beyond what the slots take at 2 to 8 ranks.
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
 @pytest.mark.parametrize("count", [fast_rounds.REDUCE_TOTAL_BYTES // 4 // 2 + 1, FAST_SLOT_BYTES // 4 + 7])
 def test_allreduce_reduces_its_segment_and_writes_it_into_every_peer(size, count):
     sides = _sides([os.getpid()], roomy=(True,) * size, size=size)
@@ -138,7 +138,7 @@ def test_allreduce_into_a_strided_output_goes_through_a_scratch_array():
         np.testing.assert_array_equal(out, np.full(count, 5.0, np.float32))
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
 def test_reducescatter_reads_its_rows_of_every_peer(size):
     """Rows that do not split evenly (upstream's split: the first ranks one row more), beyond a slot."""
     sides = _sides([os.getpid()], roomy=(True,) * size, size=size)
