@@ -305,3 +305,18 @@ def test_two_threads_per_rank_in_any_order():
     assert not errors, errors
     assert not any(t.is_alive() for t in threads)
     hvd.barrier()
+
+
+def test_waits_poll_only_where_every_rank_on_the_machine_has_a_core():
+    """Every rank of this job runs on this machine: the engine thread and the data plane's receives poll
+    (HOROVOD_SPIN_MICROSECONDS) only when the ranks fit its cores, else they block at once."""
+    from horovod.backends import spin
+    from horovod.common import config
+
+    configured = config.get("HOROVOD_SPIN_MICROSECONDS") / 1e6
+    expected = configured if hvd.size() <= spin.cores() else 0.0
+    engine = basics.engine_for(None)
+    assert engine.spin_s == pytest.approx(expected)
+    comm = getattr(engine.backend, "comm", None)
+    if comm is not None:
+        assert comm.spin_s == pytest.approx(expected)

@@ -142,3 +142,38 @@ def test_init_raises_horovod_internal_error_when_the_data_plane_cannot_be_set_up
     with pytest.raises(HorovodInternalError, match=r"Horovod initialization failed on rank 0 of 2: Rank 0 and "
                                                    r"rank\(s\) 1 did not connect .*HOROVOD_GLOO_TIMEOUT_SECONDS"):
         basics.init()
+
+
+def test_each_rank_counts_the_ranks_on_its_machine():
+    """Ranks under other host names (network namespaces, containers) on this kernel share its cores: the mesh
+    counts them by the kernel's boot id, not by host name; a rank that published another machine is not
+    counted."""
+    board = Board(3)
+    real = board.publish
+
+    def publish(me, remaining):
+        if me["rank"] == 2:
+            me = dict(me, machine="another-kernel")
+        return real(me, remaining)
+
+    board.publish = publish
+    meshes, errors = [None] * 3, []
+
+    def run(rank):
+        try:
+            meshes[rank] = build_mesh(topo(rank, 3, f"host{rank}"), KEY, board.publish, 1, 20.0, "127.0.0.1")
+        except BaseException as exc:   # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    try:
+        assert [m.on_machine for m in meshes[:2]] == [2, 2]
+        assert meshes[2].on_machine == 1
+    finally:
+        for m in meshes:
+            m.close()

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
+from horovod.backends import spin
 from horovod.backends.base import Backend
 from horovod.backends.comm import Comm
 from horovod.backends.hierarchical import HierarchicalBackend
@@ -113,7 +114,7 @@ class Situation:
     def comm(self) -> Comm:
         """The socket group over every rank of the mesh."""
         comm = Comm(self.rank, list(range(self.size)), self.mesh.data, self.mesh.hosts)
-        comm.set_spin(config.get("HOROVOD_SPIN_MICROSECONDS"))
+        comm.set_spin(spin.poll_microseconds(config.get("HOROVOD_SPIN_MICROSECONDS"), self.mesh.on_machine))
         return comm
 
     @property

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import psutil
 
+from horovod.backends import spin
 from horovod.backends.comm import enlarge_buffers
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
@@ -42,6 +43,7 @@ class Mesh:
     data: List[Optional[socket.socket]]
     control: Dict[int, socket.socket]       # rank 0: worker rank -> socket; a worker: {0: socket}
     listeners: List[socket.socket]
+    on_machine: int = 1         # ranks on this rank's machine (its kernel: namespaces share it), this one included
 
     def close(self) -> None:
         for sock in list(self.data) + list(self.control.values()) + self.listeners:
@@ -228,9 +230,10 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generat
     control: Dict[int, socket.socket] = {}
     try:
         me = {"host": topo.hostname, "addr": bind_addr, "port": listeners[0].getsockname()[1], "uds": uds_name,
-              "rank": rank, "size": size}
+              "rank": rank, "size": size, "machine": spin.machine_id()}
         infos = publish(me, max(0.1, deadline - time.monotonic()))
         hosts = [i["host"] for i in infos]
+        on_machine = sum(1 for i in infos if i.get("machine") == infos[rank].get("machine"))
         _connect_peers(topo, key, generation, connect_timeout, listeners, infos, data, control)
     except BaseException:
         Mesh(rank, size, [], data, control, listeners).close()
@@ -241,7 +244,7 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generat
     # Everyone is connected: stop listening, so that later connection attempts are refused outright.
     for listener in listeners:
         listener.close()
-    return Mesh(rank, size, hosts, data, control, [])
+    return Mesh(rank, size, hosts, data, control, [], on_machine)
 
 
 def _connect_peers(topo: Topology, key: bytes, generation: Generation, timeout: float,

@@ -223,7 +223,9 @@ _KNOBS = [
          "every rank is on one host and idle (docs/architecture.md); 0 sends every op through the coordinator.",
          ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
-         "After activity, the engine polls this long (yielding the GIL) before sleeping; 0 never polls.",
+         "After activity, the engine polls this long (yielding the GIL) before sleeping, as do the data plane's "
+         "receives; 0 never polls. Nothing polls where the job's ranks on one machine (one kernel: network "
+         "namespaces and containers count as one) outnumber its cores.",
          ours=True),
     Knob("HOROVOD_MONITOR_PORT", int, None,
          "horovodrun serves a live page of the job on this port (0: a free one) and prints its URL, which carries "

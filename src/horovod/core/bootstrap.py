@@ -118,15 +118,18 @@ def _join_elastic():
         raise ValueError(f"Horovod initialization failed in the elastic job: {exc}") from exc
 
 
-def _settings(topo: topology.Topology) -> EngineSettings:
-    """The engine's settings as the ``HOROVOD_*`` environment configures them."""
+def _settings(topo: topology.Topology, on_machine: int = 1) -> EngineSettings:
+    """The engine's settings as the ``HOROVOD_*`` environment configures them, for a rank whose machine runs
+    ``on_machine`` ranks of the job (the engine polls only where each may have a core)."""
+    from horovod.backends.spin import poll_microseconds
+
     return EngineSettings(
         cache_capacity=config.get("HOROVOD_CACHE_CAPACITY"),
         fusion_threshold=aligned_threshold(config.get("HOROVOD_FUSION_THRESHOLD"), topo.local_size),
         align_threshold=lambda nbytes: aligned_threshold(nbytes, topo.local_size),
         cycle_time_ms=config.get("HOROVOD_CYCLE_TIME"),
         disable_group_fusion=config.get("HOROVOD_DISABLE_GROUP_FUSION"),
-        spin_us=config.get("HOROVOD_SPIN_MICROSECONDS"),
+        spin_us=poll_microseconds(config.get("HOROVOD_SPIN_MICROSECONDS"), on_machine),
         bucket_bytes=config.get("HOROVOD_FUSION_BUCKET_BYTES"),
         bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
         fast_rounds=config.get("HOROVOD_FAST_ROUNDS"),
@@ -180,14 +183,15 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
         backend.close()
         mesh.close()
 
+    settings = _settings(topo, mesh.on_machine)
     settings.hosts = mesh.hosts
     engine = _started(Engine(topo.rank, topo.size, backend, mesh.control, settings, on_close=close,
                              observers=observers))
-    return engine, reason, _job(topo, key, generation, bind_addr, mpi)
+    return engine, reason, _job(topo, key, generation, bind_addr, mpi, mesh.on_machine)
 
 
 def _job(topo: topology.Topology, key: bytes, generation: int, bind_addr: str,
-         mpi: Optional[mpi_context.MPIContext]) -> JobContext:
+         mpi: Optional[mpi_context.MPIContext], on_machine: int = 1) -> JobContext:
     """What starting a process set's engine will need to know about this job."""
 
     def set_observers(ranks: List[int], where: str) -> List[EngineObserver]:
@@ -202,7 +206,7 @@ def _job(topo: topology.Topology, key: bytes, generation: int, bind_addr: str,
         return observers
 
     return JobContext(topo, key, generation, bind_addr, mpi, config.get("HOROVOD_START_TIMEOUT"),
-                      lambda: _settings(topo), set_observers)
+                      lambda: _settings(topo, on_machine), set_observers)
 
 
 def _rendezvous_mesh(topo: topology.Topology, generation: int, timeout: float):

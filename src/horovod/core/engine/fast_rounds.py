@@ -53,7 +53,6 @@ store-then-load pair: a ring's bump before it reads the SLEEPING words, which a 
 """
 from __future__ import annotations
 
-import os
 import platform
 import threading
 import time
@@ -61,7 +60,7 @@ from typing import Callable, List, Optional, Protocol, Sequence
 
 import numpy as np
 
-from horovod.backends import cma, doorbell
+from horovod.backends import cma, doorbell, spin
 from horovod.backends.blocks import split_counts
 from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
@@ -117,14 +116,6 @@ class Parking(Protocol):
 def supported() -> bool:
     """Fast rounds need a futex and x86-64's ordering of plain stores and loads."""
     return doorbell.available() and platform.machine() == "x86_64"
-
-
-def _cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) -> bool:
@@ -196,7 +187,7 @@ class FastRounds:
         self.last_fast = [0, 0]
         self.readers: List[List[int]] = [[], []]
         self.off = False                # a rank joined: nobody posts FAST any more
-        self.roomy = size <= _cores()     # every rank may have a core: spin before sleeping, copy direct
+        self.roomy = size <= spin.cores()     # every rank may have a core: spin before sleeping, copy direct
         self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
         self.direct = 0                 # of which by cross-memory copies
         # The open direct round's contiguous array whose address this rank posted (peers read or write it until
