@@ -52,7 +52,7 @@ def choose(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         mesh = types.SimpleNamespace(rank=rank, size=len(hosts), hosts=list(hosts), data=[None] * len(hosts),
-                                     control={})
+                                     control={}, on_machine=1)
         backend, reason = factory.make_backend(mesh, "job", 0, mpi)
         made.append(backend)
         return backend, reason
@@ -139,7 +139,8 @@ def test_the_reason_reported_is_the_chosen_rules(choose, monkeypatch, name):
         mpi = types.SimpleNamespace(comm=FakeMPIComm(), library="Open MPI v5",
                                     thread_level_name="MPI_THREAD_FUNNELED", **mpi)
     backend, reason = choose(hosts, rank=rank, mpi=mpi, **env)
-    mesh = types.SimpleNamespace(rank=rank, size=len(hosts), hosts=list(hosts), data=[None] * len(hosts))
+    mesh = types.SimpleNamespace(rank=rank, size=len(hosts), hosts=list(hosts), data=[None] * len(hosts),
+                                 on_machine=1)
     situation = factory.Situation(mesh, "job", 0, mpi)
     rule = factory.rule_for(situation)
     assert rule.name == name

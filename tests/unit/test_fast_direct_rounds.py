@@ -199,22 +199,40 @@ def test_without_cross_memory_a_large_broadcast_must_fit_a_slot():
     assert sides[0].key(request, FAST_SLOT_BYTES) is not None
 
 
-def test_a_failed_copy_names_the_peer_and_the_tensor_and_the_round_still_closes():
-    """Rank 0 (the root) cannot write into rank 1 (a process id that does not exist): its call fails with the
-    peer's rank and the tensor; rank 1, which reads from a live process, completes, and neither hangs."""
+def _missing_pid() -> int:
+    """A process id that no process has."""
     missing = 4_194_000
     while True:
         try:
             os.kill(missing, 0)
             missing -= 1
         except ProcessLookupError:
-            break
+            return missing
         except PermissionError:
             missing -= 1
+
+
+def test_a_failed_copy_names_the_peer_and_the_tensor_and_the_round_still_closes():
+    """Rank 0 (the root) cannot write into rank 1 (a process id that does not exist): its call fails with the
+    peer's rank and the tensor; rank 1, which reads from a live process, completes, and neither hangs."""
     sides = _sides([os.getpid()] * 2)
-    sides[0].pids = [os.getpid(), missing]      # only rank 0 sees rank 1 as that process
+    sides[0].pids = [os.getpid(), _missing_pid()]      # only rank 0 sees rank 1 as that process
     _, _, entries = _broadcasts(2 * fast_rounds.DIRECT_FROM[RequestType.BROADCAST] // 4)
     results = _round(sides, entries)
     assert isinstance(results[0], HorovodInternalError)
     assert "broadcast of tensor 't' could not copy to or from rank 1's memory" in str(results[0])
+    assert results[1] is True
+
+
+def test_a_failed_read_of_a_direct_allreduce_names_the_peer_and_the_round_still_closes():
+    """Rank 0 cannot read rank 1's input (a process id that does not exist): its allreduce fails naming rank 1
+    and the tensor; rank 1, whose peer is a live process, completes; neither hangs."""
+    sides = _sides([os.getpid()] * 2)
+    sides[0].pids = [os.getpid(), _missing_pid()]
+    count = FAST_SLOT_BYTES // 4 + 1
+    entries = [_entry(RequestType.ALLREDUCE, np.ones(count, np.float32), np.zeros(count, np.float32))
+               for _ in range(2)]
+    results = _round(sides, entries)
+    assert isinstance(results[0], HorovodInternalError)
+    assert "allreduce of tensor 't' could not copy to or from rank 1's memory" in str(results[0])
     assert results[1] is True

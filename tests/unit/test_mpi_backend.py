@@ -195,7 +195,7 @@ class FakeShm:
 
 def fake_mesh(hosts, rank=0):
     return types.SimpleNamespace(rank=rank, size=len(hosts), hosts=list(hosts), data=[None] * len(hosts),
-                                 control={})
+                                 control={}, on_machine=1)
 
 
 def fake_mpi(MPI, threads=True, level=None):

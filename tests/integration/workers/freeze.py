@@ -1,4 +1,6 @@
-"""Worker: every rank allreduces ``argv[1]`` MiB float32 tensors, back to back, for ``argv[3]`` seconds; rank 1
+"""Worker: every rank allreduces ``argv[1]`` MiB float32 tensors, back to back, for ``argv[3]`` seconds, each
+started asynchronously and then waited for, as a training step's gradients are (so it goes through the engine's
+data plane: a blocking call this large would be a direct fast round, copied by the caller's thread); rank 1
 stops itself with SIGSTOP ``argv[2]`` seconds in, from another thread, at a moment when its engine thread waits
 for a peer early inside a collective (as a debugger attaching, or a wedged driver, would stop it). With small chunks
 (HOROVOD_SHM_CHUNK_BYTES, HOROVOD_TCP_CHUNK_BYTES) a collective has hundreds of such waits, so the others are
@@ -63,7 +65,7 @@ try:
     while go:
         x[0] = 1.0 if hvd.rank() != 0 or time.time() - start < seconds else -1e9
         began = time.monotonic()
-        go = bool(hvd.allreduce(x, name=f"stream.{step % 4}", op=hvd.Sum)[0] > 0)
+        go = bool(hvd.synchronize(hvd.allreduce_async(x, name=f"stream.{step % 4}", op=hvd.Sum))[0] > 0)
         durations.append(time.monotonic() - began)
         step += 1
         if step == 3 and hvd.rank() == 0 and os.environ.get("STREAMING_FILE"):
