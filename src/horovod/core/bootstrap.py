@@ -159,10 +159,10 @@ def _start(topo: topology.Topology, generation: int, mpi: Optional[mpi_context.M
     """Connect the mesh (through the launcher's rendezvous, or MPI), choose the data plane, start the engine."""
     from horovod.backends.local import LocalBackend
 
-    settings, observers = _settings(topo), _observers(topo)
+    observers = _observers(topo)
     if topo.size == 1:
         backend = LocalBackend()
-        return (_started(Engine(0, 1, backend, {}, settings, on_close=backend.close, observers=observers)),
+        return (_started(Engine(0, 1, backend, {}, _settings(topo), on_close=backend.close, observers=observers)),
                 "local (a single rank)", _job(topo, b"", generation, "127.0.0.1", mpi))
     from horovod.backends.factory import make_backend
     from horovod.backends.mesh import build_mesh, default_bind_address

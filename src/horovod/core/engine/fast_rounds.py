@@ -56,7 +56,7 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from typing import Callable, List, Optional, Protocol, Sequence
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -349,15 +349,16 @@ class FastRounds:
     # ------------------------------------------------------------------ direct rounds
     def _direct_array(self, entry: Entry) -> np.ndarray:
         """The C-contiguous array a direct round posts: the input that the peers read (a broadcast's root, every
-        rank of an allgather, an allreduce or a reducescatter), or the output that the root writes to and this rank reads into (a broadcast's
-        other ranks; a scratch array where the output is not contiguous)."""
+        rank of an allgather, an allreduce or a reducescatter), or the output that the root writes to and this
+        rank reads into (a broadcast's other ranks; a scratch array where the output is not contiguous)."""
         request = entry.request
         if request.rtype == RequestType.BROADCAST and self.ranks.index(request.root) != self.rank:
             out = entry.output
             return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
         return np.ascontiguousarray(entry.tensor)
 
-    def _finish_direct(self, entry: Entry, b: int, posted: np.ndarray, posted_output: Optional[np.ndarray]) -> None:
+    def _finish_direct(self, entry: Entry, b: int, posted: np.ndarray,
+                       posted_output: Optional[np.ndarray]) -> None:
         """A matched direct round's copies, straight between the ranks' own arrays (one copy per byte).
 
         An allreduce or reducescatter: see :meth:`_reduce_direct`.
@@ -408,11 +409,9 @@ class FastRounds:
         flat_in = posted.reshape(-1)
         dtype, itemsize = flat_in.dtype, flat_in.dtype.itemsize
         if request.rtype == RequestType.REDUCESCATTER:
-            shape = tuple(request.shape)
-            rows, row = split_rows(shape, self.size), row_elements(shape[1:])
-            lo, count = sum(rows[:self.rank]) * row, rows[self.rank] * row
-            out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
+            lo, out = self._own_rows(entry, dtype)
             segment = out.reshape(-1)
+            count = segment.size
         else:
             counts = split_counts(flat_in.size, self.size)
             lo, count = sum(counts[:self.rank]), counts[self.rank]
@@ -432,14 +431,7 @@ class FastRounds:
             self._cross(r, cma.read, addresses[r] + lo * itemsize, part, entry)
             scale_inplace(part, prescale)
             parts.append(part)
-        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
-        if len(parts) == 1:
-            np.copyto(segment, parts[0])
-        else:
-            combine(segment, parts[0], parts[1], op)
-        for part in parts[2:]:
-            reduce_into(segment, part, op)
-        scale_inplace(segment, postscale)
+        _reduce_in_order(request, segment, parts)
         if request.rtype == RequestType.REDUCESCATTER:
             entry.output = out
             return
@@ -492,9 +484,8 @@ class FastRounds:
             root = self.ranks.index(request.root)
             np.copyto(entry.output.reshape(-1), self.slots[root][b][:n].view(dtype))
             return
-        shape = tuple(request.shape)
         if rtype == RequestType.REDUCESCATTER:
-            self._reduce_scatter(entry, b, shape, dtype)
+            self._reduce_scatter(entry, b, dtype)
             return
         out = self._gathered_output(entry, dtype)
         flat, count = out.reshape(-1), entry.tensor.size
@@ -507,14 +498,19 @@ class FastRounds:
         shape = tuple(entry.request.shape)
         return allocate_output(entry, (shape[0] * self.size, *shape[1:]), dtype)
 
-    def _reduce_scatter(self, entry: Entry, b: int, shape: tuple, dtype: np.dtype) -> None:
-        """This rank's rows (upstream's split) of every slot, reduced in rank order as the data plane does."""
-        dtype = np.dtype(dtype)
+    def _own_rows(self, entry: Entry, dtype: np.dtype) -> Tuple[int, np.ndarray]:
+        """Where this rank's rows of a reducescatter (upstream's split) start in the input, in elements, and a
+        new output of ``dtype`` for them."""
+        shape = tuple(entry.request.shape)
         rows = split_rows(shape, self.size)
-        row = row_elements(shape[1:])
-        start = sum(rows[:self.rank]) * row * dtype.itemsize
-        out = allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
-        self._reduce_slots(entry.request, out.reshape(-1), b, start)
+        start = sum(rows[:self.rank]) * row_elements(shape[1:])
+        return start, allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
+
+    def _reduce_scatter(self, entry: Entry, b: int, dtype: np.dtype) -> None:
+        """This rank's rows of every slot, reduced in rank order as the data plane does."""
+        dtype = np.dtype(dtype)
+        start, out = self._own_rows(entry, dtype)
+        self._reduce_slots(entry.request, out.reshape(-1), b, start * dtype.itemsize)
         entry.output = out
 
     def _reduce(self, entry: Entry, b: int) -> None:
@@ -523,12 +519,20 @@ class FastRounds:
     def _reduce_slots(self, request: Request, out: np.ndarray, b: int, start: int) -> None:
         """Every rank's slot ``b`` from byte ``start``, as many elements as ``out`` holds, reduced into ``out``
         in rank order (the data plane's order and kernels, so the same bits), then post-scaled."""
-        slots = [pair[b][start:start + out.nbytes].view(out.dtype) for pair in self.slots]
-        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
-        combine(out, slots[0], slots[1], op)
-        for r in range(2, self.size):
-            reduce_into(out, slots[r], op)
-        scale_inplace(out, postscale)
+        _reduce_in_order(request, out, [pair[b][start:start + out.nbytes].view(out.dtype) for pair in self.slots])
+
+
+def _reduce_in_order(request: Request, out: np.ndarray, parts: List[np.ndarray]) -> None:
+    """Every rank's ``parts`` (in rank order) reduced into ``out`` with the data plane's kernels and order (so the
+    same bits), then post-scaled."""
+    op, postscale = summed(request.reduce_op, float(request.postscale), len(parts))
+    if len(parts) == 1:
+        np.copyto(out, parts[0])
+    else:
+        combine(out, parts[0], parts[1], op)
+    for part in parts[2:]:
+        reduce_into(out, part, op)
+    scale_inplace(out, postscale)
 
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
