@@ -56,7 +56,10 @@ def test_a_stalled_rank_is_named_by_every_ranks_record(tmp_path, np_):
 def test_a_killed_rank_is_named_and_the_launcher_chooses_the_folder(tmp_path):
     env = _job_env(None)
     env.pop("HOROVOD_FLIGHT_RECORDER_DIR", None)         # the launcher chooses one under its working directory
-    proc = subprocess.run([sys.executable, "-m", "horovod.runner", "-np", "3", sys.executable, WORKER, "kill", "2"],
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "horovod.runner", "-np", "3", sys.executable, WORKER, "kill", "2",
+                           str(marks)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
                           timeout=TIMEOUT)
     out = proc.stdout

@@ -2,7 +2,9 @@
 
 ``flight.py stall R``: rank R sleeps instead of submitting the next allreduce (``allreduce.step.late``), so the
 stall inspector (with a shutdown time) ends the job; the error is not caught, so the others exit non-zero.
-``flight.py kill R``: rank R kills itself (SIGKILL) instead of submitting it.
+``flight.py kill R MARKS``: rank R kills itself (SIGKILL) instead of submitting it. It waits first until every other
+rank has submitted that allreduce (each marks it with a file in the folder MARKS), so that the kill never races a
+survivor's last completed collective and the records always diverge at the same place.
 ``flight.py wait STOPFILE``: every rank prints ``READY <pid>`` and idles (in Python) until STOPFILE exists, then
 runs one more allreduce and exits 0 (the test sends SIGUSR1 meanwhile).
 """
@@ -39,11 +41,24 @@ def main() -> None:
         hvd.allreduce(np.ones(1), name="after.signal")
         return
     misbehaving = int(arg)
+    marks = sys.argv[3] if mode == "kill" else None
     if hvd.rank() == misbehaving:
-        if mode == "kill":
+        if marks:
+            wait_for_marks(marks, hvd.size() - 1)
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(60)                      # the stall shutdown ends the job long before this
-    hvd.allreduce(np.ones(3), name="step.late")
+    handle = hvd.allreduce_async(np.ones(3), name="step.late")
+    if marks:
+        with open(os.path.join(marks, f"rank.{hvd.rank()}"), "w"):
+            pass
+    hvd.synchronize(handle)
+
+
+def wait_for_marks(folder: str, count: int, limit: float = 60.0) -> None:
+    """Waits until ``count`` ranks have marked in ``folder`` that they submitted the late allreduce."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and (not os.path.isdir(folder) or len(os.listdir(folder)) < count):
+        time.sleep(0.01)
 
 
 if __name__ == "__main__":
