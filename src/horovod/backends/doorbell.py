@@ -65,11 +65,12 @@ class Doorbell:
         if word.dtype != np.uint32 or word.size != 1 or word.ctypes.data % 4:
             raise ValueError("a doorbell needs one aligned uint32 word of shared memory")
         self._word = word
+        self._view = memoryview(word).cast("B").cast("I")     # Python ints, cheaper than numpy's scalars
         self._address = word.ctypes.data
 
     def value(self) -> int:
         """The bell's count now: read it before checking the condition you wait for, then :meth:`sleep` on it."""
-        return int(self._word[0])
+        return self._view[0]
 
     def ring(self) -> None:
         """Change the word and wake every process sleeping on it."""
@@ -79,7 +80,8 @@ class Doorbell:
     def bump(self) -> None:
         """Change the word without waking anyone: for a caller that knows, by other means, that nobody sleeps
         (it must then make the change visible before it looks, see fast_rounds.py's ``ring``)."""
-        self._word[0] = (int(self._word[0]) + 1) & 0xFFFFFFFF
+        view = self._view
+        view[0] = (view[0] + 1) & 0xFFFFFFFF
 
     def wake(self) -> None:
         """Wake every process sleeping on the word (one system call, about 1.5 µs even when none sleeps)."""

@@ -34,8 +34,7 @@ class Executing(Protocol):
     devices: DevicePlanes   # the planes of device buffers (device_planes.py)
 
 
-def _default_allocate(shape: tuple, dtype: np.dtype) -> np.ndarray:
-    return output_pool.empty(shape, dtype)
+_default_allocate = output_pool.empty     # (shape, dtype) -> a new array from the op layer's pool
 
 
 def allocate_output(entry, shape: tuple, dtype: np.dtype) -> np.ndarray:

@@ -56,7 +56,7 @@ from __future__ import annotations
 import platform
 import threading
 import time
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -84,6 +84,9 @@ KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
 _REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
+# The members as module globals: a comparison with one costs a fifth of the enum class's attribute lookup.
+_ALLREDUCE, _BROADCAST = RequestType.ALLREDUCE, RequestType.BROADCAST
+_REDUCESCATTER, _ALLGATHER = RequestType.REDUCESCATTER, RequestType.ALLGATHER
 REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 # From these sizes (a broadcast's buffer, an allgather's input per rank) the op copies once by cross-memory reads
 # and writes where the ranks may use them (a *direct* round), up to DIRECT_GATHER_BYTES of allgather output.
@@ -96,6 +99,7 @@ DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 1
 DIRECT_REDUCE_BYTES = 16 << 20
 DIRECT_GATHER_BYTES = 32 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
+KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
 
 
@@ -177,7 +181,9 @@ class FastRounds:
         bases = [FAST_LINE_BYTES + r * stride for r in range(size)]
         self.headers = [area[b:b + FAST_HEADER_BYTES] for b in bases]
         self.header_bytes = [memoryview(h) for h in self.headers]     # keys go in and out as bytes
-        self.words = [h[:KEY_OFFSET].view(np.uint64) for h in self.headers]
+        # Read and written as Python ints through memoryviews: a fraction of numpy's per-element cost, which
+        # a small round pays a few dozen times.
+        self.words = [memoryview(h[:KEY_OFFSET]).cast("Q") for h in self.headers]
         starts = [[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES for i in range(2)] for b in bases]
         self.slots = [[area[s:s + FAST_SLOT_BYTES] for s in pair] for pair in starts]
         self.peers = [r for r in range(size) if r != rank]
@@ -195,12 +201,19 @@ class FastRounds:
         self._posted_array: Optional[np.ndarray] = None
         self._posted_output: Optional[np.ndarray] = None
         self._scratch = np.empty(0, np.uint8)       # peers' segments of a direct allreduce or reducescatter
+        # The last key made for each tensor name, with what it was made from (the request, its size, roomy): a
+        # training loop repeats the same collectives, and a key costs more to format than to look up.
+        self._keys: Dict[str, Tuple[Request, int, bool, Optional[bytes]]] = {}
+        self._header_keys: List[Optional[bytes]] = [None, None]     # the key in this rank's header, per buffer
+        self._views: Dict[tuple, List[np.ndarray]] = {}    # see _slot_views (views of the shared area: close drops them)
+        self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
 
     def close(self) -> None:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
         self.off = True
         self.bell = None
         self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
+        self._views.clear()
 
     def ring(self) -> None:
         """Wake the peers waiting on a round (a no-op once closed). The futex wake, most of a ring's cost, is made
@@ -214,13 +227,22 @@ class FastRounds:
         bell.bump()
         with _FENCE:
             pass
-        if any(w[SLEEPING] for w in self.words):
-            bell.wake()
+        for w in self.words:
+            if w[SLEEPING]:
+                bell.wake()
+                return
 
     def key(self, request: Request, nbytes: int) -> Optional[bytes]:
         """The round's key for ``request`` on this set (:func:`key_of`), or None when it cannot go fast."""
+        made = self._keys.get(request.name)
+        if made is not None and made[1] == nbytes and made[2] == self.roomy and made[0] == request:
+            return made[3]
         direct = goes_direct(request.rtype, nbytes, self.size, self.pids is not None, self.roomy)
-        return key_of(request, nbytes, self.ranks, direct)
+        key = key_of(request, nbytes, self.ranks, direct)
+        if len(self._keys) >= KEYS_KEPT:
+            self._keys.clear()
+        self._keys[request.name] = (request, nbytes, self.roomy, key)
+        return key
 
     # ------------------------------------------------------------------ posting (engine lock held)
     def can_post_fast(self) -> bool:
@@ -230,12 +252,16 @@ class FastRounds:
         if self.off:
             return False
         words = self.words
-        if any(words[p][SEALED] for p in self.peers):
-            self.off = True
-            return False
+        for p in self.peers:
+            if words[p][SEALED]:
+                self.off = True
+                return False
         b = (self.count + 1) % 2
         last = self.last_fast[b]
-        return all(words[p][RESOLVED] >= last for p in self.readers[b])
+        for p in self.readers[b]:
+            if words[p][RESOLVED] < last:
+                return False
+        return True
 
     def post_fast(self, entry: Entry, key: bytes) -> int:
         """Post this rank's next record as FAST for ``entry``: its input goes into the round's slot; returns the
@@ -248,16 +274,18 @@ class FastRounds:
         if key.endswith(DIRECT_MARK):
             self._posted_array = posted = self._direct_array(entry)
             mine[ADDRESS + b] = cma.address(posted)
-            if request.rtype == RequestType.ALLREDUCE:
+            if request.rtype == _ALLREDUCE:
                 out = entry.output
                 self._posted_output = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
                 mine[OUT_ADDRESS + b] = cma.address(self._posted_output)
-        elif request.rtype != RequestType.BROADCAST or self.ranks.index(request.root) == self.rank:
-            scaled_copy(self.slots[self.rank][b][:tensor.nbytes].view(tensor.dtype), tensor,
+        elif request.rtype != _BROADCAST or self.ranks.index(request.root) == self.rank:
+            scaled_copy(self._slot_views(b, 0, tensor.nbytes, tensor.dtype)[self.rank], tensor,
                         float(request.prescale))      # a broadcast's others send nothing
-        at = KEY_OFFSET + b * KEY_ROOM
-        self.header_bytes[self.rank][at:at + len(key)] = key
-        mine[KEY_LENGTH + b] = len(key)
+        if key is not self._header_keys[b]:         # a repeated op's key (the same object) is there already
+            at = KEY_OFFSET + b * KEY_ROOM
+            self.header_bytes[self.rank][at:at + len(key)] = key
+            mine[KEY_LENGTH + b] = len(key)
+            self._header_keys[b] = key
         mine[FAST_ROUND + b] = k
         mine[COUNT] = self.count = k
         self.last_fast[b] = k
@@ -281,13 +309,20 @@ class FastRounds:
         """
         posted, self._posted_array = self._posted_array, None
         posted_output, self._posted_output = self._posted_output, None
-        self._wait(lambda p: self._posted(p, k), entry, engine)
         words, headers = self.words, self.header_bytes
+        for p in self.peers:                    # most often every peer has posted already: no wait to set up
+            if words[p][COUNT] < k and not words[p][SEALED]:
+                self._wait(lambda p: self._posted(p, k), entry, engine)
+                break
         b = k % 2
         at = KEY_OFFSET + b * KEY_ROOM
         fast = [p for p in self.peers if words[p][COUNT] >= k and words[p][FAST_ROUND + b] == k]
-        matched = len(fast) == len(self.peers) and all(
-            int(words[p][KEY_LENGTH + b]) == len(key) and headers[p][at:at + len(key)] == key for p in fast)
+        matched = len(fast) == len(self.peers)
+        length = len(key)
+        for p in fast if matched else ():
+            if words[p][KEY_LENGTH + b] != length or headers[p][at:at + length] != key:
+                matched = False
+                break
         self.readers[b] = fast
         if not matched:
             words[self.rank][RESOLVED] = k
@@ -352,7 +387,7 @@ class FastRounds:
         rank of an allgather, an allreduce or a reducescatter), or the output that the root writes to and this
         rank reads into (a broadcast's other ranks; a scratch array where the output is not contiguous)."""
         request = entry.request
-        if request.rtype == RequestType.BROADCAST and self.ranks.index(request.root) != self.rank:
+        if request.rtype == _BROADCAST and self.ranks.index(request.root) != self.rank:
             out = entry.output
             return out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
         return np.ascontiguousarray(entry.tensor)
@@ -373,7 +408,7 @@ class FastRounds:
         if request.rtype in _REDUCING:
             self._reduce_direct(entry, b, posted, posted_output, addresses)
             return
-        if request.rtype == RequestType.BROADCAST:
+        if request.rtype == _BROADCAST:
             root = self.ranks.index(request.root)
             raw = posted.reshape(-1).view(np.uint8)
             head = cma.root_share(raw.nbytes, self.size)
@@ -408,7 +443,7 @@ class FastRounds:
         request = entry.request
         flat_in = posted.reshape(-1)
         dtype, itemsize = flat_in.dtype, flat_in.dtype.itemsize
-        if request.rtype == RequestType.REDUCESCATTER:
+        if request.rtype == _REDUCESCATTER:
             lo, out = self._own_rows(entry, dtype)
             segment = out.reshape(-1)
             count = segment.size
@@ -432,7 +467,7 @@ class FastRounds:
             scale_inplace(part, prescale)
             parts.append(part)
         _reduce_in_order(request, segment, parts)
-        if request.rtype == RequestType.REDUCESCATTER:
+        if request.rtype == _REDUCESCATTER:
             entry.output = out
             return
         outputs = [int(w[OUT_ADDRESS + b]) for w in self.words]
@@ -456,7 +491,7 @@ class FastRounds:
         if posted_output is not None and posted_output is not out:
             np.copyto(out, posted_output)
             return
-        if request.rtype == RequestType.BROADCAST and posted is not out \
+        if request.rtype == _BROADCAST and posted is not out \
                 and self.ranks.index(request.root) != self.rank:
             np.copyto(out, posted)
 
@@ -475,22 +510,22 @@ class FastRounds:
         """The matched round's result into ``entry.output`` (an allgather's is allocated here)."""
         request = entry.request
         rtype = request.rtype
-        if rtype == RequestType.ALLREDUCE:
+        if rtype == _ALLREDUCE:
             self._reduce(entry, b)
             return
         dtype = numpy_dtype(request.dtype)
         n = entry.tensor.nbytes
-        if rtype == RequestType.BROADCAST:
+        if rtype == _BROADCAST:
             root = self.ranks.index(request.root)
-            np.copyto(entry.output.reshape(-1), self.slots[root][b][:n].view(dtype))
+            np.copyto(entry.output.reshape(-1), self._slot_views(b, 0, n, dtype)[root])
             return
-        if rtype == RequestType.REDUCESCATTER:
+        if rtype == _REDUCESCATTER:
             self._reduce_scatter(entry, b, dtype)
             return
         out = self._gathered_output(entry, dtype)
         flat, count = out.reshape(-1), entry.tensor.size
-        for r, pair in enumerate(self.slots):
-            flat[r * count:(r + 1) * count] = pair[b][:n].view(dtype)
+        for r, view in enumerate(self._slot_views(b, 0, n, dtype)):
+            flat[r * count:(r + 1) * count] = view
         entry.output = out
 
     def _gathered_output(self, entry: Entry, dtype: np.dtype) -> np.ndarray:
@@ -502,9 +537,14 @@ class FastRounds:
         """Where this rank's rows of a reducescatter (upstream's split) start in the input, in elements, and a
         new output of ``dtype`` for them."""
         shape = tuple(entry.request.shape)
-        rows = split_rows(shape, self.size)
-        start = sum(rows[:self.rank]) * row_elements(shape[1:])
-        return start, allocate_output(entry, (rows[self.rank], *shape[1:]), dtype)
+        layout = self._rows.get(shape)
+        if layout is None:
+            rows = split_rows(shape, self.size)
+            layout = sum(rows[:self.rank]) * row_elements(shape[1:]), (rows[self.rank], *shape[1:])
+            if len(self._rows) >= KEYS_KEPT:
+                self._rows.clear()
+            self._rows[shape] = layout
+        return layout[0], allocate_output(entry, layout[1], dtype)
 
     def _reduce_scatter(self, entry: Entry, b: int, dtype: np.dtype) -> None:
         """This rank's rows of every slot, reduced in rank order as the data plane does."""
@@ -519,7 +559,18 @@ class FastRounds:
     def _reduce_slots(self, request: Request, out: np.ndarray, b: int, start: int) -> None:
         """Every rank's slot ``b`` from byte ``start``, as many elements as ``out`` holds, reduced into ``out``
         in rank order (the data plane's order and kernels, so the same bits), then post-scaled."""
-        _reduce_in_order(request, out, [pair[b][start:start + out.nbytes].view(out.dtype) for pair in self.slots])
+        _reduce_in_order(request, out, self._slot_views(b, start, out.nbytes, out.dtype))
+
+    def _slot_views(self, b: int, start: int, nbytes: int, dtype: np.dtype) -> List[np.ndarray]:
+        """Every rank's slot ``b`` from byte ``start``, ``nbytes`` of it as ``dtype``, in rank order (kept: a
+        training loop asks for the same views every step, and making them costs more than finding them)."""
+        at = (b, start, nbytes, dtype)
+        views = self._views.get(at)
+        if views is None:
+            if len(self._views) >= KEYS_KEPT:
+                self._views.clear()
+            views = self._views[at] = [pair[b][start:start + nbytes].view(dtype) for pair in self.slots]
+        return views
 
 
 def _reduce_in_order(request: Request, out: np.ndarray, parts: List[np.ndarray]) -> None:

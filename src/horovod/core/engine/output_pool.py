@@ -102,7 +102,7 @@ def pool() -> OutputPool:
 
 def empty(shape: Tuple[int, ...], dtype) -> np.ndarray:
     """A new array for a collective's result (see the module's docstring)."""
-    return pool().empty(tuple(shape), dtype)
+    return (_pool or pool()).empty(tuple(shape), dtype)
 
 
 def empty_like(array: np.ndarray) -> np.ndarray:
