@@ -75,11 +75,10 @@ def test_scale_factors_and_in_place():
 
 def _allreduce_goes_direct(nbytes: int) -> bool:
     """Whether a blocking allreduce of ``nbytes`` should copy directly here: only where the ranks may copy to and
-    from each other's memory, and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank), and
-    (more ranks than cores) not even a slot could."""
+    from each other's memory and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank), however
+    many cores the ranks share."""
     fast = _fast()
-    return (fast is not None and fast.pids is not None and nbytes * fast.size > REDUCE_TOTAL_BYTES
-            and (fast.roomy or nbytes > FAST_SLOT_BYTES))
+    return fast is not None and fast.pids is not None and nbytes * fast.size > REDUCE_TOTAL_BYTES
 
 
 def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
@@ -97,7 +96,7 @@ def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
 
 
 # Element counts that do not split evenly among 2-4 ranks: one beyond REDUCE_TOTAL_BYTES read per rank only at 4
-# ranks (through the slots at 2 and 3, through the coordinator where 4 ranks share 2 cores), one beyond a slot.
+# ranks (through the slots at 2 and 3; direct at 4, even where 4 ranks share 2 cores), one beyond a slot.
 @pytest.mark.parametrize("count", [REDUCE_TOTAL_BYTES // 16 + 1, FAST_SLOT_BYTES // 4 + 7])
 @pytest.mark.parametrize("where", ["new", "in place", "strided"])
 def test_a_large_allreduce_copies_once(count, where):

@@ -183,6 +183,25 @@ def test_with_more_ranks_than_cores_only_what_outgrows_a_slot_goes_direct():
         assert [s.direct for s in sides] == [direct, direct]
 
 
+@pytest.mark.parametrize("size", [3, 4])
+def test_with_more_ranks_than_cores_an_allreduce_past_the_slots_reduction_limit_goes_direct(size):
+    """Its slot round would have every rank reduce all ``size`` slots: it goes direct whatever the cores, while a
+    broadcast of the same bytes still takes the slots there."""
+    nbytes = (fast_rounds.REDUCE_TOTAL_BYTES // size // 4 + 1) * 4       # whole float32s
+    assert nbytes <= FAST_SLOT_BYTES
+    assert fast_rounds.goes_direct(RequestType.ALLREDUCE, nbytes, size, True, roomy=False)
+    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, nbytes - 8, size, True, roomy=False)
+    assert not fast_rounds.goes_direct(RequestType.BROADCAST, nbytes, size, True, roomy=False)
+    sides = _sides([os.getpid()] * size, roomy=(False,) * size, size=size)
+    count = nbytes // 4
+    tensors = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(size)]
+    entries = [_entry(RequestType.ALLREDUCE, t, np.empty_like(t)) for t in tensors]
+    assert _round(sides, entries) == [True] * size
+    assert [s.direct for s in sides] == [1] * size
+    for entry in entries:
+        np.testing.assert_array_equal(entry.output, np.arange(count, dtype=np.float32) * sum(range(1, size + 1)))
+
+
 def test_ranks_that_choose_different_paths_do_not_match():
     """One rank would copy directly, the other through the slots (their cores differ): the keys differ, so both
     hand the op to the coordinator rather than run two protocols against each other."""

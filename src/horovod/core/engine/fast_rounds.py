@@ -53,6 +53,7 @@ store-then-load pair: a ring's bump before it reads the SLEEPING words, which a 
 """
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import time
@@ -74,6 +75,9 @@ from horovod.core.engine.layouts import split_rows, summed
 from horovod.core.engine.state import EngineState
 
 SLICE_SECONDS = 0.05
+# Where a set's ranks outnumber the cores, a wait yields its core between polls this long before it sleeps on
+# the doorbell: 4 ranks on 2 cores, 4 KB allreduce 121 -> 70 us (docs/benchmarks.md, issue 31).
+YIELD_SECONDS = 200e-6
 PARK_AFTER_SECONDS = 0.5
 # Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH, ADDRESS and OUT_ADDRESS (a direct allreduce's
 # output) have one word per buffer (even and odd rounds); SLEEPING is 1 while the rank sleeps on the doorbell. The
@@ -125,15 +129,17 @@ def supported() -> bool:
 def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) -> bool:
     """Whether a fast round of ``rtype`` on ``nbytes`` per rank moves its data by cross-memory copies (``cross``:
     every rank of the set may read and write the others' memory) instead of through the slots. Where the set's
-    ranks outnumber the cores (not ``roomy``), only what does not fit a slot goes direct: there the direct round's
-    closing wait costs more context switches than the second copy. The choice is part of the round's key, so ranks
-    that choose differently do not match."""
+    ranks outnumber the cores (not ``roomy``), a broadcast or an allgather goes direct only when it does not fit a
+    slot: there the direct round's closing wait costs more context switches than the second copy. An allreduce
+    beyond REDUCE_TOTAL_BYTES goes direct either way: its slot round would have every rank reduce every slot (4
+    ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator). The choice is part of
+    the round's key, so ranks that choose differently do not match."""
     if not cross:
         return False
     if rtype in _REDUCING and nbytes > DIRECT_REDUCE_BYTES:
         return False
     if rtype == RequestType.ALLREDUCE:
-        return nbytes * size > REDUCE_TOTAL_BYTES and (roomy or nbytes > FAST_SLOT_BYTES)
+        return nbytes * size > REDUCE_TOTAL_BYTES
     if rtype == RequestType.REDUCESCATTER:
         return nbytes > FAST_SLOT_BYTES
     if nbytes < DIRECT_FROM.get(rtype, 1 << 62) or not (roomy or nbytes > FAST_SLOT_BYTES):
@@ -354,13 +360,24 @@ class FastRounds:
         if not missing:
             return
         # Poll first, as the engine thread does after activity (HOROVOD_SPIN_MICROSECONDS): a peer that posts
-        # within the spin costs neither a futex sleep here nor a wake-up there (half a small op's time). Not
-        # when the set's ranks outnumber this process's cores: the spin would take the core a peer needs.
-        spin_until = time.perf_counter() + (engine.spin_s if self.roomy else 0.0)
-        while time.perf_counter() < spin_until:
-            missing = [p for p in missing if not ready(p)]
-            if not missing:
-                return
+        # within the spin costs neither a futex sleep here nor a wake-up there (half a small op's time). Where
+        # the set's ranks outnumber the cores a plain spin would take the core a peer needs: there each poll
+        # yields the core first (Open MPI's yield_when_idle), so a peer waiting for it runs at once instead of
+        # after a futex wake-up.
+        now = time.perf_counter()
+        if self.roomy:
+            spin_until = now + engine.spin_s
+            while time.perf_counter() < spin_until:
+                missing = [p for p in missing if not ready(p)]
+                if not missing:
+                    return
+        else:
+            yield_until = now + YIELD_SECONDS
+            while time.perf_counter() < yield_until:
+                os.sched_yield()
+                missing = [p for p in missing if not ready(p)]
+                if not missing:
+                    return
         bell, started, parked = self.bell, time.monotonic(), False
         mine = self.words[self.rank]
         try:
