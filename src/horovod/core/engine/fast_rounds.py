@@ -354,8 +354,8 @@ class FastRounds:
         return bool(words[COUNT] >= k or words[SEALED])
 
     def _wait(self, ready: Callable[[int], bool], entry: Entry, engine: Parking) -> None:
-        """Until ``ready(peer)`` holds for every peer: polled, then asleep on the doorbell, which every post
-        rings."""
+        """Until ``ready(peer)`` holds for every peer: polled (yielding the core before each poll where the
+        ranks outnumber the cores), then asleep on the doorbell, which every post rings."""
         missing = [p for p in self.peers if not ready(p)]
         if not missing:
             return
