@@ -90,7 +90,7 @@ _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.AL
 _REDUCING = frozenset({RequestType.ALLREDUCE, RequestType.REDUCESCATTER})
 # The members as module globals: a comparison with one costs a fifth of the enum class's attribute lookup.
 _ALLREDUCE, _BROADCAST = RequestType.ALLREDUCE, RequestType.BROADCAST
-_REDUCESCATTER, _ALLGATHER = RequestType.REDUCESCATTER, RequestType.ALLGATHER
+_REDUCESCATTER = RequestType.REDUCESCATTER
 REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 # From these sizes (a broadcast's buffer, an allgather's input per rank) the op copies once by cross-memory reads
 # and writes where the ranks may use them (a *direct* round), up to DIRECT_GATHER_BYTES of allgather output.
