@@ -69,6 +69,62 @@ def test_first_failure_is_reported_and_others_stopped():
     assert exc.value.exit_code == 4
 
 
+LONG_ERROR = """
+import sys
+class PeerError(Exception):
+    pass
+try:
+    raise KeyError("inner")
+except KeyError as exc:
+    raise PeerError("rank 1 stopped sending\\nits state: stopped\\n" + "\\n".join(f"stack {i}" for i in range(30))) from exc
+"""
+
+
+def test_a_long_exception_s_first_lines_are_in_the_report_when_its_last_lines_miss_them():
+    """A rank's exception message longer than the last lines (a stall report with a peer's stack): the report
+    still shows what went wrong, the exception's first lines, above the last lines."""
+    with pytest.raises(JobFailedError) as exc:
+        run_workers([spec(0, LONG_ERROR)], stdout=io.StringIO(), stderr=io.StringIO())
+    failure = exc.value.failure
+    assert failure.exception == ["[0]<stderr>:PeerError: rank 1 stopped sending",
+                                 "[0]<stderr>:its state: stopped", "[0]<stderr>:stack 0", "[0]<stderr>:stack 1"]
+    assert failure.last_lines[-1] == "[0]<stderr>:stack 29"
+    text = str(exc.value)
+    assert ("The exception rank 0 raised (its first lines):\n    [0]<stderr>:PeerError: rank 1 stopped "
+            "sending\n    [0]<stderr>:its state: stopped\n") in text, text
+    assert text.index("its first lines") < text.index("Last 10 output lines of rank 0"), text
+
+
+def test_a_short_exception_is_shown_once_in_the_last_lines():
+    with pytest.raises(JobFailedError) as exc:
+        run_workers([spec(0, "print('before'); raise ValueError('bad value')")], stdout=io.StringIO(),
+                    stderr=io.StringIO())
+    assert exc.value.failure.exception == []
+    assert "[0]<stderr>:ValueError: bad value" in exc.value.failure.last_lines
+    assert "its first lines" not in str(exc.value)
+
+
+def test_the_tail_keeps_the_last_exception_of_a_chain_and_ignores_other_threads_lines():
+    from horovod.runner.output_tail import OutputTail
+
+    tail = OutputTail()
+    for line in ["Traceback (most recent call last):", '  File "a.py", line 1', "    f()", "KeyError: 'x'", "",
+                 "The above exception was the direct cause of the following exception:", "",
+                 "Traceback (most recent call last):", '  File "a.py", line 3', "[12:00] [horovod WARNING] a log line",
+                 "    g()", "    ^^^", "horovod.common.exceptions.HorovodInternalError: stalled", "peer state",
+                 "", "after"]:
+        tail.add(line, "[3]:" + line)
+    assert tail.exception == ["[3]:horovod.common.exceptions.HorovodInternalError: stalled", "[3]:peer state"]
+    assert tail.unseen_exception() == []          # both are still among the last lines
+    for i in range(10):
+        tail.add(f"more {i}", f"[3]:more {i}")
+    assert tail.unseen_exception() == tail.exception and list(tail.lines)[-1] == "[3]:more 9"
+    bare = OutputTail()
+    for line in ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyboardInterrupt"]:
+        bare.add(line, line)
+    assert bare.exception == ["KeyboardInterrupt"]
+
+
 def test_missing_program_is_a_start_error():
     bad = WorkerSpec(0, "localhost", ["/no/such/program"], {}, "/no/such/program")
     with pytest.raises(process.WorkerStartError, match="Could not start rank 0 on localhost"):

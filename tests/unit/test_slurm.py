@@ -121,7 +121,7 @@ def test_srun_output_is_relabelled_and_the_first_failed_task_named():
         out._line(raw, stream)
     assert stdout.getvalue() == "[0]<stdout>:hello\n[11]<stdout>:eleven\n"
     assert stderr.getvalue().startswith("[3]<stderr>:oops\nslurmstepd-n1: error: *** STEP 6.0")
-    assert list(out.rank_tails[3]) == ["oops"] and list(out.rank_tails[0]) == ["hello"]
+    assert list(out.rank_tails[3].lines) == ["oops"] and list(out.rank_tails[0].lines) == ["hello"]
     assert srun_launch.first_failure(list(out.untagged["stderr"])) == (3, "n2", 4)
     assert srun_launch.first_failure(["srun: error: n1: task 2: Segmentation fault"]) == (2, "n1", -11)
     assert srun_launch.first_failure(["srun: error: n1: tasks 1,3: Killed"]) == (1, "n1", -9)

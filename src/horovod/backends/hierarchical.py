@@ -31,6 +31,7 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
+from horovod.backends import peer_waits
 from horovod.backends.adasum import (
     check_dtype,
     gather_input,
@@ -66,18 +67,23 @@ def pieces_of(buf: np.ndarray) -> List[np.ndarray]:
 
 class _SerialWorker:
     """One daemon thread that runs submitted calls in order (a daemon, so that a call stuck on a lost peer
-    cannot hold the process at exit)."""
+    cannot hold the process at exit), for the thread that made it (its waits are reported as that thread's)."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="horovod-cross-host", daemon=True).start()
+        threading.Thread(target=self._loop, args=(threading.get_ident(),), name="horovod-cross-host",
+                         daemon=True).start()
 
     def submit(self, fn: Callable[..., None], *args) -> Future:
         future: Future = Future()
         self._queue.put((future, fn, args))
         return future
 
-    def _loop(self) -> None:
+    def _loop(self, owner: int) -> None:
+        with peer_waits.working_for(owner):      # its stalls are reported as the engine's
+            self._run_queued()
+
+    def _run_queued(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:

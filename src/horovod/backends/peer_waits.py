@@ -10,12 +10,14 @@ written by the waiting thread and only read by the watchdog (a torn read costs a
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 _board: Dict[int, PeerWait] = {}     # thread ident -> that thread's current wait
+_owners: Dict[int, int] = {}         # helper thread ident -> the thread it works for (a ring sender -> its engine)
 
 
 ANY_PEER = -1       # an MPI call: MPI does not say which rank it waits for
@@ -24,7 +26,7 @@ ANY_PEER = -1       # an MPI call: MPI does not say which rank it waits for
 class PeerWait:
     """One thread's blocking receive from one peer, or (``peer`` is :data:`ANY_PEER`) one blocking MPI call."""
 
-    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total", "call", "abort", "sending")
+    __slots__ = ("peer", "host", "sock", "since", "last", "done", "total", "call", "abort", "sending", "owner")
 
     def __init__(self, peer: int, host: str, sock: Optional[socket.socket], total: int, call: str = "",
                  abort: Optional[Callable[[], None]] = None, sending: bool = False) -> None:
@@ -37,6 +39,8 @@ class PeerWait:
         self.call = call                # the MPI call waited in ("MPI_Allreduce"), else ""
         self.abort = abort              # how to end a wait that no socket can cut (MPI: abort the job)
         self.sending = sending          # a send to the peer that the kernel does not take (its buffer is full)
+        ident = threading.get_ident()
+        self.owner = _owners.get(ident, ident)      # the thread this wait is made for (see work_for)
 
     def quiet_for(self, now: float) -> float:
         """Seconds since the peer last sent anything to this wait, or (``sending``) since the kernel last took
@@ -51,6 +55,18 @@ def begin(peer: int, host: str, sock: Optional[socket.socket], total: int, call:
     wait = PeerWait(peer, host, sock, total, call, abort, sending)
     _board[threading.get_ident()] = wait
     return wait
+
+
+@contextlib.contextmanager
+def working_for(owner: int) -> Iterator[None]:
+    """Inside the block, the calling thread's waits are made for thread ``owner``: a helper that sends or receives
+    for an engine thread, so that its stalls are reported with the engine's collective and rank."""
+    ident = threading.get_ident()
+    _owners[ident] = owner
+    try:
+        yield
+    finally:
+        _owners.pop(ident, None)
 
 
 def hold(wait: PeerWait) -> PeerWait:

@@ -30,6 +30,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from horovod.backends import peer_waits
 from horovod.backends import tcp_schedules as schedules
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets, split_counts
@@ -53,7 +54,8 @@ class _StreamSender:
 
     def send(self, comm: Comm, peer: int, view: memoryview) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="horovod-ring-sender", daemon=True)
+            self._thread = threading.Thread(target=self._loop, args=(threading.get_ident(),),
+                                            name="horovod-ring-sender", daemon=True)
             self._thread.start()
         self._queue.put((comm, peer, view))
 
@@ -65,7 +67,11 @@ class _StreamSender:
             self._queue.put(future)
         return future
 
-    def _loop(self) -> None:
+    def _loop(self, owner: int) -> None:
+        with peer_waits.working_for(owner):      # its stalls are reported as the engine's
+            self._send_queued()
+
+    def _send_queued(self) -> None:
         error: Optional[BaseException] = None
         while True:
             item = self._queue.get()

@@ -19,7 +19,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod.runner.common.util.hosts import SlotInfo
-from horovod.runner.process import TAIL_LINES, RemoteProcess, WorkerExit
+from horovod.runner.output_tail import TAIL_LINES
+from horovod.runner.process import RemoteProcess, WorkerExit
 
 log = logging.getLogger(__name__)
 

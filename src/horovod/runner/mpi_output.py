@@ -12,7 +12,8 @@ import sys
 import threading
 from typing import IO, Deque, Dict, List, Optional, Tuple
 
-from .process import TAIL_LINES, pad_rank, split_lines
+from .output_tail import OutputTail
+from .process import WorkerExit, pad_rank, split_lines
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +147,16 @@ class MpirunOutput:
         self._output_dir = output_dir
         self._targets = {"stdout": stdout, "stderr": stderr}
         self._lock = threading.Lock()
-        self.rank_tails: Dict[int, Deque[str]] = collections.defaultdict(lambda: collections.deque(maxlen=TAIL_LINES))
+        self.rank_tails: Dict[int, OutputTail] = collections.defaultdict(OutputTail)
         # per stream: mpirun writes a report as consecutive lines of one stream, but the two streams interleave
         self.untagged: Dict[str, Deque[str]] = {name: collections.deque(maxlen=self.UNTAGGED_LINES)
                                                 for name in ("stdout", "stderr")}
         self._files: Dict[Tuple[int, str], IO[bytes]] = {}
+
+    def exit_info(self, rank: int, hostname: str, returncode: int, command_text: str) -> WorkerExit:
+        """The failure report's view of ``rank``: its last lines and its last exception's first lines."""
+        tail = self.rank_tails.get(rank) or OutputTail()
+        return WorkerExit(rank, hostname, returncode, command_text, list(tail.lines), tail.unseen_exception())
 
     def _target(self, stream: str) -> IO[str]:
         return self._targets[stream] or (sys.stdout if stream == "stdout" else sys.stderr)
@@ -217,7 +223,7 @@ class MpirunOutput:
             if rank is None:
                 self.untagged[stream].append(shown)
                 return
-            self.rank_tails[rank].append(shown)
+            self.rank_tails[rank].add(content, shown)
             if self._output_dir is not None:
                 self._write_file(rank, rank_stream, content + "\n")
 

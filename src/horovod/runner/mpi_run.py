@@ -72,7 +72,6 @@ from .mpi_output import MPICH_PREPEND_PATTERN, HydraDemux, MpirunOutput  # noqa:
 from .process import (
     JobFailedError,
     JobInterruptedError,
-    WorkerExit,
     WorkerStartError,
     _die_with_parent_fn,
     install_stop_handlers,
@@ -399,8 +398,7 @@ def _raise_failure(returncode: int, output: MpirunOutput, settings: Settings, co
     command_text = shlex.join(command)
     if failure is not None and failure.rank is not None:
         hostname = failure.hostname or _host_of(failure.rank, plan, settings) or "unknown (see mpirun's report)"
-        exit_info = WorkerExit(failure.rank, hostname, failure.returncode, command_text,
-                               list(output.rank_tails.get(failure.rank, [])))
+        exit_info = output.exit_info(failure.rank, hostname, failure.returncode, command_text)
         log.error("Process %d failed on %s; mpirun terminated the remaining processes.", failure.rank, hostname)
         raise JobFailedError(exit_info)
     if statuses:

@@ -11,7 +11,6 @@ last output lines. SIGINT, SIGTERM or SIGHUP to the launcher stops every rank th
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import os
@@ -22,14 +21,14 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Deque, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Dict, Iterator, List, Optional, Sequence
 
 from . import flight_folder
+from .output_tail import OutputTail
 
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 3.0
-TAIL_LINES = 10
 FAILURE_HEADLINE = (
     "Horovod detected that one or more processes exited with non-zero status, thus causing the job to be "
     "terminated. The first process to do so was:"
@@ -59,6 +58,7 @@ class WorkerExit:
     returncode: int
     command_text: str
     last_lines: List[str]
+    exception: List[str] = dataclasses.field(default_factory=list)   # its last exception's first lines, if unseen
 
     @property
     def status(self) -> str:
@@ -87,6 +87,9 @@ def format_failure(failure: WorkerExit) -> str:
     if failure.returncode == -signal.SIGKILL:
         lines.append("(A rank killed by SIGKILL that horovodrun did not kill is often the victim of the kernel's "
                      "out-of-memory killer: check `dmesg` on that host.)")
+    if failure.exception:
+        lines.append(f"The exception rank {failure.rank} raised (its first lines):")
+        lines.extend("    " + line for line in failure.exception)
     if failure.last_lines:
         lines.append(f"Last {len(failure.last_lines)} output lines of rank {failure.rank}:")
         lines.extend("    " + line for line in failure.last_lines)
@@ -206,7 +209,7 @@ class WorkerProcess:
     def __init__(self, spec: WorkerSpec, sink: OutputSink, events: queue.SimpleQueue,
                  out_dir: Optional[str]) -> None:
         self.spec = spec
-        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.tail = OutputTail()
         self._sink = sink
         self._files: List[IO[bytes]] = []
         files: Dict[str, Optional[IO[bytes]]] = {"stdout": None, "stderr": None}
@@ -250,8 +253,9 @@ class WorkerProcess:
     def _pump(self, pipe: IO[bytes], stream: str, copy: Optional[IO[bytes]]) -> None:
         try:
             for raw in split_lines(pipe):
-                shown = self._sink.write(self.spec.rank, stream, raw.rstrip(b"\r\n") + b"\n")
-                self.tail.append(shown.rstrip("\n"))
+                content = raw.rstrip(b"\r\n")
+                shown = self._sink.write(self.spec.rank, stream, content + b"\n")
+                self.tail.add(content.decode("utf-8", "replace"), shown.rstrip("\n"))
                 if copy is not None:
                     copy.write(raw)
                     copy.flush()
@@ -295,7 +299,8 @@ class WorkerProcess:
 
     def exit_info(self) -> WorkerExit:
         return WorkerExit(self.spec.rank, self.spec.hostname, self.proc.returncode,
-                          self.spec.command_text or self.spec.display, list(self.tail))
+                          self.spec.command_text or self.spec.display, list(self.tail.lines),
+                          self.tail.unseen_exception())
 
 
 class RemoteProcess:

@@ -42,7 +42,6 @@ from .process import (
     JobFailedError,
     JobInterruptedError,
     OutputSink,
-    WorkerExit,
     WorkerStartError,
     _die_with_parent_fn,
     describe_returncode,
@@ -211,4 +210,4 @@ def _execute(argv: List[str], env: Mapping[str, str], command: Sequence[str], se
     rank, host, code = failure
     log.error("Process %d failed (%s) on %s. srun stopped the remaining tasks.", rank, describe_returncode(code),
               host)
-    raise JobFailedError(WorkerExit(rank, host, code, shlex.join(command), list(output.rank_tails.get(rank, []))))
+    raise JobFailedError(output.exit_info(rank, host, code, shlex.join(command)))

@@ -23,7 +23,8 @@ from horovod.common.elastic_rendezvous import WORKER_ID_ENV
 from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.gloo_run import slot_env
-from horovod.runner.process import TAIL_LINES, RemoteProcess, WorkerExit, WorkerSpec
+from horovod.runner.output_tail import TAIL_LINES
+from horovod.runner.process import RemoteProcess, WorkerExit, WorkerSpec
 
 from . import protocol
 

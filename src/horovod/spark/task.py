@@ -20,7 +20,8 @@ from typing import IO, Deque, Dict, List, Mapping, Optional
 from horovod.common import wire
 from horovod.common.kvstore import KVStoreClient
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.process import TAIL_LINES, _die_with_parent_fn, split_lines
+from horovod.runner.output_tail import TAIL_LINES
+from horovod.runner.process import _die_with_parent_fn, split_lines
 
 from . import protocol
 

@@ -4,7 +4,9 @@ The stall inspector watches negotiation (a tensor some ranks submitted and other
 runs, its ranks wait for each other inside the data plane, and a peer that freezes there (stopped by SIGSTOP or
 a debugger, wedged in a driver, its host cut off) would leave the others waiting in silence. Every blocking
 receive of the socket planes records itself on :mod:`horovod.backends.peer_waits`; this module's thread (one per
-process, started with the first engine) reads that board every ``min(1, warning / 4)`` seconds.
+process, started with the first engine) reads that board every ``min(1, warning / 4)`` seconds, and also when a
+wait on it is due to reach the warning or the shutdown time, so that a stall ends the job on time, and the rank
+that has waited longest (the one that waits for the silent peer itself) is the first to end.
 
 When a receive has had no byte from its peer for ``HOROVOD_STALL_CHECK_TIME_SECONDS`` (the stall inspector's
 knob, default 60 s; ``HOROVOD_STALL_CHECK_DISABLE`` turns both off), the rank logs **one** report for that stall:
@@ -34,6 +36,7 @@ from horovod.core.observers import flight_recorder, heartbeat, peer_state
 log = logging.getLogger("horovod.stall")  # a named channel: see horovod.common.logging_setup
 
 MIB = float(1 << 20)
+MIN_SLEEP_S = 0.01      # a wait due now is checked after this much (the thread never spins)
 
 
 class _Settings:
@@ -59,6 +62,7 @@ class DataPlaneWatchdog:
         self._failed = False                      # a check raised (logged as a warning the first time)
         self._last_check = time.monotonic()
         self._resumed_at = 0.0          # this process ran again after being stopped itself (see check)
+        self.next_due = float("inf")    # when the next wait reaches its warning or shutdown time (see check)
         self.settings = _Settings()
 
     def watch(self, engine: Engine) -> None:
@@ -82,13 +86,17 @@ class DataPlaneWatchdog:
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
-        while not self._wake.wait(self.settings.interval):
+        while not self._wake.wait(self._sleep_s(time.monotonic())):
             try:
                 self.check(time.monotonic())
             except Exception:       # said once, loudly: a watchdog that fails in silence watches nothing
                 log.log(logging.DEBUG if self._failed else logging.WARNING,
                         "The data-plane watchdog's check failed; stalls may go unreported", exc_info=True)
                 self._failed = True
+
+    def _sleep_s(self, now: float) -> float:
+        """How long the thread sleeps before the next check: the interval, or less when a wait is due sooner."""
+        return max(MIN_SLEEP_S, min(self.settings.interval, self.next_due - now))
 
     def _engine_of(self, ident: int) -> Optional[Engine]:
         with self._lock:
@@ -107,11 +115,15 @@ class DataPlaneWatchdog:
         live = {id(w) for _, w in waits}
         self._reported = {k: t for k, t in self._reported.items() if k in live}
         self._ended &= live
-        for ident, wait in waits:
+        self.next_due = float("inf")
+        for _, wait in waits:
             quiet = min(wait.quiet_for(now), now - self._resumed_at)
+            due = _due(settings, quiet, id(wait) in self._reported, id(wait) in self._ended)
+            if due is not None and due > quiet:
+                self.next_due = min(self.next_due, now + due - quiet)
             if quiet < settings.warning_s:
                 continue
-            engine = self._engine_of(ident)
+            engine = self._engine_of(wait.owner)
             ending = settings.shutdown_s > 0 and quiet >= settings.shutdown_s and id(wait) not in self._ended
             if id(wait) in self._reported and not ending:
                 continue
@@ -127,6 +139,15 @@ class DataPlaneWatchdog:
                 log.warning("%s", report)
                 flight_recorder.dump_all("data-plane stall", report)
         return made
+
+
+def _due(settings: _Settings, quiet: float, reported: bool, ended: bool) -> Optional[float]:
+    """The quiet time at which a wait is next due: its warning, then its shutdown time; None once nothing is."""
+    if not reported and quiet < settings.warning_s:
+        return settings.warning_s
+    if settings.shutdown_s > 0 and not ended:
+        return settings.shutdown_s
+    return None
 
 
 WATCHDOG = DataPlaneWatchdog()

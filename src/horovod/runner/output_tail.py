@@ -1,0 +1,50 @@
+"""A rank's last output lines, kept for the job-failure report, and the first lines of the last exception it raised.
+
+A failed rank's last ten lines are usually its traceback, ending with the exception. A long exception message (a
+stall report carries the silent peer's state and Python stack; an abort relays another rank's report) pushes its
+own first lines, the ones that say what went wrong, out of those ten. So the tail also keeps, from the last Python
+traceback it saw, the exception's first :data:`EXCEPTION_LINES` lines, and the report shows them when the last
+lines do not.
+"""
+from __future__ import annotations
+
+import collections
+import re
+from typing import Deque, List
+
+TAIL_LINES = 10
+EXCEPTION_LINES = 4
+_TRACEBACK = "Traceback (most recent call last):"
+# The line that ends a traceback's frames: ``ValueError: ...``, ``horovod.common.exceptions.HorovodInternalError:
+# ...`` or a bare ``KeyboardInterrupt``. Frame lines are indented; another thread's log line starts with "[".
+_EXCEPTION_HEAD = re.compile(r"[A-Za-z_][\w.]*(?::\s|:$|$)")
+# Where a chained exception's message ends (Python prints these between the tracebacks of a chain).
+_CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+class OutputTail:
+    """The last :data:`TAIL_LINES` lines of one rank (as shown), and its last exception's first lines."""
+
+    def __init__(self) -> None:
+        self.lines: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.exception: List[str] = []
+        self._state = "output"          # "output", "frames" (inside a traceback), "message" (its exception)
+
+    def add(self, content: str, shown: str) -> None:
+        """One more line: ``content`` as the rank printed it, ``shown`` as the console showed it (prefixed)."""
+        self.lines.append(shown)
+        if content.startswith(_TRACEBACK):
+            self._state = "frames"
+        elif self._state == "frames":
+            if _EXCEPTION_HEAD.match(content):
+                self._state, self.exception = "message", [shown]
+        elif self._state == "message":
+            if not content.strip() or content.startswith(_CHAIN) or len(self.exception) >= EXCEPTION_LINES:
+                self._state = "output"
+            else:
+                self.exception.append(shown)
+
+    def unseen_exception(self) -> List[str]:
+        """The exception's first lines when the last lines do not show them all (else nothing)."""
+        shown = set(self.lines)
+        return [] if all(line in shown for line in self.exception) else list(self.exception)
