@@ -57,7 +57,7 @@ import os
 import platform
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -105,6 +105,7 @@ DIRECT_GATHER_BYTES = 32 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
+T = TypeVar("T")
 
 
 class Parking(Protocol):
@@ -124,6 +125,15 @@ class Parking(Protocol):
 def supported() -> bool:
     """Fast rounds need a futex and x86-64's ordering of plain stores and loads."""
     return doorbell.available() and platform.machine() == "x86_64"
+
+
+def _keep(cache: dict, key: object, value: T) -> T:
+    """Store ``value`` under ``key`` in one of a rank's caches (keys, reducescatter layouts, slot views), which
+    starts over once it holds KEYS_KEPT entries (a program that makes a new name every step keeps no more)."""
+    if len(cache) >= KEYS_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) -> bool:
@@ -245,9 +255,7 @@ class FastRounds:
             return made[3]
         direct = goes_direct(request.rtype, nbytes, self.size, self.pids is not None, self.roomy)
         key = key_of(request, nbytes, self.ranks, direct)
-        if len(self._keys) >= KEYS_KEPT:
-            self._keys.clear()
-        self._keys[request.name] = (request, nbytes, self.roomy, key)
+        _keep(self._keys, request.name, (request, nbytes, self.roomy, key))
         return key
 
     # ------------------------------------------------------------------ posting (engine lock held)
@@ -557,10 +565,8 @@ class FastRounds:
         layout = self._rows.get(shape)
         if layout is None:
             rows = split_rows(shape, self.size)
-            layout = sum(rows[:self.rank]) * row_elements(shape[1:]), (rows[self.rank], *shape[1:])
-            if len(self._rows) >= KEYS_KEPT:
-                self._rows.clear()
-            self._rows[shape] = layout
+            layout = _keep(self._rows, shape,
+                           (sum(rows[:self.rank]) * row_elements(shape[1:]), (rows[self.rank], *shape[1:])))
         return layout[0], allocate_output(entry, layout[1], dtype)
 
     def _reduce_scatter(self, entry: Entry, b: int, dtype: np.dtype) -> None:
@@ -584,9 +590,7 @@ class FastRounds:
         at = (b, start, nbytes, dtype)
         views = self._views.get(at)
         if views is None:
-            if len(self._views) >= KEYS_KEPT:
-                self._views.clear()
-            views = self._views[at] = [pair[b][start:start + nbytes].view(dtype) for pair in self.slots]
+            views = _keep(self._views, at, [pair[b][start:start + nbytes].view(dtype) for pair in self.slots])
         return views
 
 
