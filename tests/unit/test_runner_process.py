@@ -119,6 +119,11 @@ def test_the_tail_keeps_the_last_exception_of_a_chain_and_ignores_other_threads_
     for i in range(10):
         tail.add(f"more {i}", f"[3]:more {i}")
     assert tail.unseen_exception() == tail.exception and list(tail.lines)[-1] == "[3]:more 9"
+    mixed = OutputTail()          # a line of the other stream, printed meanwhile, is not part of the message
+    for stream, line in [("stderr", "Traceback (most recent call last):"), ("stderr", '  File "a.py", line 1'),
+                         ("stderr", "ValueError: first"), ("stdout", "RESULT printed"), ("stderr", "second")]:
+        mixed.add(line, line, stream)
+    assert mixed.exception == ["ValueError: first", "second"]
     bare = OutputTail()
     for line in ["Traceback (most recent call last):", '  File "a.py", line 1', "KeyboardInterrupt"]:
         bare.add(line, line)

@@ -223,7 +223,7 @@ class MpirunOutput:
             if rank is None:
                 self.untagged[stream].append(shown)
                 return
-            self.rank_tails[rank].add(content, shown)
+            self.rank_tails[rank].add(content, shown, rank_stream)
             if self._output_dir is not None:
                 self._write_file(rank, rank_stream, content + "\n")
 

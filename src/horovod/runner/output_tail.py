@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import re
-from typing import Deque, List
+from typing import Deque, Dict, List
 
 TAIL_LINES = 10
 EXCEPTION_LINES = 4
@@ -23,26 +23,34 @@ _CHAIN = ("The above exception was the direct cause", "During handling of the ab
 
 
 class OutputTail:
-    """The last :data:`TAIL_LINES` lines of one rank (as shown), and its last exception's first lines."""
+    """The last :data:`TAIL_LINES` lines of one rank (as shown), and its last exception's first lines.
+
+    Each output stream is followed on its own (a traceback is written to one stream; the other's lines, from
+    another thread of the launcher, do not interleave with it)."""
 
     def __init__(self) -> None:
         self.lines: Deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.exception: List[str] = []
-        self._state = "output"          # "output", "frames" (inside a traceback), "message" (its exception)
+        self._state: Dict[str, str] = {}     # per stream: "output", "frames" (in a traceback), "message" (its exception)
+        self._message: Dict[str, List[str]] = {}
 
-    def add(self, content: str, shown: str) -> None:
-        """One more line: ``content`` as the rank printed it, ``shown`` as the console showed it (prefixed)."""
+    def add(self, content: str, shown: str, stream: str = "stderr") -> None:
+        """One more line of ``stream``: ``content`` as the rank printed it, ``shown`` as the console showed it."""
         self.lines.append(shown)
+        state = self._state.get(stream, "output")
         if content.startswith(_TRACEBACK):
-            self._state = "frames"
-        elif self._state == "frames":
+            state = "frames"
+        elif state == "frames":
             if _EXCEPTION_HEAD.match(content):
-                self._state, self.exception = "message", [shown]
-        elif self._state == "message":
-            if not content.strip() or content.startswith(_CHAIN) or len(self.exception) >= EXCEPTION_LINES:
-                self._state = "output"
+                state, self._message[stream] = "message", [shown]
+                self.exception = self._message[stream]
+        elif state == "message":
+            message = self._message[stream]
+            if not content.strip() or content.startswith(_CHAIN) or len(message) >= EXCEPTION_LINES:
+                state = "output"
             else:
-                self.exception.append(shown)
+                message.append(shown)
+        self._state[stream] = state
 
     def unseen_exception(self) -> List[str]:
         """The exception's first lines when the last lines do not show them all (else nothing)."""

@@ -255,7 +255,7 @@ class WorkerProcess:
             for raw in split_lines(pipe):
                 content = raw.rstrip(b"\r\n")
                 shown = self._sink.write(self.spec.rank, stream, content + b"\n")
-                self.tail.add(content.decode("utf-8", "replace"), shown.rstrip("\n"))
+                self.tail.add(content.decode("utf-8", "replace"), shown.rstrip("\n"), stream)
                 if copy is not None:
                     copy.write(raw)
                     copy.flush()
