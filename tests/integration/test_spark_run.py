@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -348,6 +349,45 @@ def test_root_failure_prefers_the_rank_that_failed_on_its_own():
                                      "(killed by SIGKILL) before it reported a result.\nLast 1 output lines")
         assert "Ranks that failed after it: 0." in str(error)
         assert wire.unpack(store.get(protocol.EXIT_SCOPE, "2"))["returncode"] == 0
+    finally:
+        store.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_died_shows_its_exception_s_first_lines_and_its_last_lines(tmp_path):
+    """A rank's process that died before it reported a result: the error carries the first lines of its last
+    exception (kept by the task, as horovodrun keeps them) above its last lines."""
+    from horovod.common.kvstore import KVStoreServer
+    from horovod.spark import protocol, task
+    from horovod.spark.failures import root_failure
+
+    script = tmp_path / "dies.py"
+    script.write_text("raise SystemError('the rank broke\\nits peer: stopped\\n' + "
+                      "'\\n'.join(f'stack {i}' for i in range(30)))\n")
+    store = KVStoreServer(b"k" * 32, host="127.0.0.1")
+    store.start()
+
+    class Client:            # the task's store client: the exit record reaches the driver's store
+        def put(self, scope, key, value):
+            store.put(scope, key, value)
+
+    try:
+        # A RankProcess around this script instead of the rank bootstrap: the same pumps, tail and report.
+        rank = task.RankProcess.__new__(task.RankProcess)
+        rank._client, rank._label, rank._seq, rank._lock = Client(), 1, 0, threading.Lock()
+        rank.tail = task.OutputTail()
+        rank.proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        rank._pumps = [threading.Thread(target=rank._pump, args=(pipe, name), daemon=True)
+                       for pipe, name in ((rank.proc.stdout, "stdout"), (rank.proc.stderr, "stderr"))]
+        for pump in rank._pumps:
+            pump.start()
+        assert task.run_and_report(Client(), rank, "1", protocol.TaskPlace("h", "3", 1)) == 1
+        text = str(root_failure(store))
+        assert ("exited (exit code 1) before it reported a result.\nThe exception rank 1 raised (its first lines):\n"
+                "    SystemError: the rank broke\n    its peer: stopped\n    stack 0\n    stack 1\n"
+                "Last 10 output lines of rank 1:\n") in text, text
+        assert text.endswith("    stack 29"), text
     finally:
         store.stop()
 

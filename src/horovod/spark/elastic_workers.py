@@ -16,7 +16,7 @@ import queue
 import signal
 import threading
 import time
-from typing import Callable, Deque, Dict, Optional, Sequence
+from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 from horovod.common import wire
 from horovod.common.elastic_rendezvous import WORKER_ID_ENV
@@ -72,6 +72,7 @@ class SparkWorker:
     send: Callable[[str, dict], None]
     proc: RemoteProcess = dataclasses.field(default_factory=RemoteProcess)
     tail: Deque[str] = dataclasses.field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    exception: List[str] = dataclasses.field(default_factory=list)      # its last exception's first lines, if unseen
 
     def signal_group(self, signum: int) -> bool:
         if self.proc.poll() is not None:
@@ -87,7 +88,7 @@ class SparkWorker:
 
     def exit_info(self) -> WorkerExit:
         return WorkerExit(self.spec.rank, self.spec.hostname, self.proc.returncode if self.proc.returncode
-                          is not None else -1, self.spec.command_text, list(self.tail))
+                          is not None else -1, self.spec.command_text, list(self.tail), list(self.exception))
 
 
 class SparkTaskWorkers:
@@ -131,12 +132,13 @@ class SparkTaskWorkers:
         return worker
 
     def _end(self, worker_id: str, returncode: int, note: Optional[str] = None,
-             last_lines: Sequence[str] = ()) -> None:
+             last_lines: Sequence[str] = (), exception: Sequence[str] = ()) -> None:
         with self._lock:
             worker, events = self._running.pop(worker_id, (None, None))
         if worker is None:
             return
         worker.tail.extend(last_lines)
+        worker.exception = list(exception)
         if note:
             worker.tail.append(f"({note})")
         if worker.proc.end(returncode):
@@ -144,7 +146,8 @@ class SparkTaskWorkers:
 
     def _on_exit(self, worker_id: str, value: bytes) -> None:
         record = wire.unpack(value)
-        self._end(worker_id, int(record["returncode"]), last_lines=record.get("last_lines") or [])
+        self._end(worker_id, int(record["returncode"]), last_lines=record.get("last_lines") or [],
+                  exception=record.get("exception") or [])
 
     def _watch_tasks(self) -> None:
         while not self._stop.wait(0.5):

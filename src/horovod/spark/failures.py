@@ -103,6 +103,10 @@ def _message(what: str, rank: int, place: protocol.TaskPlace, record: dict, resu
     status = describe_returncode(record["returncode"])
     lines: List[Any] = record.get("last_lines") or []
     text = f"{what}: {where} exited ({status}) before it reported a result."
+    exception: List[Any] = record.get("exception") or []
+    if exception:
+        text += (f"\nThe exception rank {rank} raised (its first lines):\n"
+                 + "\n".join("    " + str(line) for line in exception))
     if lines:
         text += f"\nLast {len(lines)} output lines of rank {rank}:\n" + "\n".join("    " + str(line) for line in lines)
     else:

@@ -9,7 +9,8 @@ connects to it with the job secret, which reaches the task inside the Spark task
   its heartbeat time (``beat``).
 - ``spark_output/<rank>/<stream>/<seq>``: one line of a rank's stdout or stderr, forwarded to the driver's
   streams (the driver consumes and deletes it).
-- ``spark_exit/<rank or worker id>``: how a rank's process ended (``returncode``, ``last_lines``, ``time``, where).
+- ``spark_exit/<rank or worker id>``: how a rank's process ended (``returncode``, ``last_lines``, ``exception``, ``time``,
+  where).
 - ``spark_elastic_cmd/<task>``: what an elastic task must do next (start a worker, signal it, or finish).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
 from horovod.common import wire
 
@@ -59,7 +60,9 @@ def executor_id(fallback: str, env: Optional[dict] = None) -> str:
     return match.group(1) if match else fallback
 
 
-def exit_record(returncode: int, last_lines: list, place: TaskPlace, when: float) -> bytes:
-    """The ``spark_exit`` record of a rank process that ended."""
+def exit_record(returncode: int, last_lines: list, place: TaskPlace, when: float,
+                exception: Sequence[str] = ()) -> bytes:
+    """The ``spark_exit`` record of a rank process that ended (``exception``: the first lines of its last
+    exception, when its last lines do not show them; see horovod.runner.output_tail)."""
     return wire.pack({"returncode": int(returncode), "last_lines": list(last_lines), "time": float(when),
-                      **place.to_record()})
+                      "exception": list(exception), **place.to_record()})

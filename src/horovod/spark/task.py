@@ -7,7 +7,6 @@ when the task's process dies (Spark kills a cancelled task's Python worker), so 
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import signal
@@ -15,12 +14,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Deque, Dict, List, Mapping, Optional
+from typing import IO, Dict, List, Mapping, Optional
 
 from horovod.common import wire
 from horovod.common.kvstore import KVStoreClient
 from horovod.runner.common.util.hosts import HostInfo, SlotInfo, get_host_assignments
-from horovod.runner.output_tail import TAIL_LINES
+from horovod.runner.output_tail import OutputTail
 from horovod.runner.process import _die_with_parent_fn, split_lines
 
 from . import protocol
@@ -47,7 +46,7 @@ class RankProcess:
                  executable: Optional[str], label: int) -> None:
         self._client = client
         self._label = label
-        self.tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.tail = OutputTail()
         argv = [executable or sys.executable, "-m", "horovod.spark.rank", addr, str(port)]
         self.proc = subprocess.Popen(argv, env=dict(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True,
@@ -69,7 +68,8 @@ class RankProcess:
         try:
             for raw in split_lines(pipe):
                 line = raw.rstrip(b"\r\n")
-                self.tail.append(line.decode("utf-8", "replace"))
+                text = line.decode("utf-8", "replace")
+                self.tail.add(text, text, stream)
                 with self._lock:
                     self._seq += 1
                     key = f"{self._label}/{stream}/{self._seq}"
@@ -120,7 +120,8 @@ def run_and_report(client: KVStoreClient, rank: RankProcess, exit_key: str, plac
         rank.stop()
     try:
         client.put(protocol.EXIT_SCOPE, exit_key,
-                   protocol.exit_record(returncode, list(rank.tail), place, time.time()))
+                   protocol.exit_record(returncode, list(rank.tail.lines), place, time.time(),
+                                        rank.tail.unseen_exception()))
     except (OSError, ConnectionError):
         log.warning("could not report the exit of rank %s to the Spark driver", exit_key)
     return returncode
