@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import re
-from typing import Deque, Dict, List
+from typing import Deque, Dict, List, Sequence
 
 TAIL_LINES = 10
 EXCEPTION_LINES = 4
@@ -20,6 +20,21 @@ _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_HEAD = re.compile(r"[A-Za-z_][\w.]*(?::\s|:$|$)")
 # Where a chained exception's message ends (Python prints these between the tracebacks of a chain).
 _CHAIN = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+def report_lines(rank: int, exception: Sequence[str], last_lines: Sequence[str]) -> List[str]:
+    """A failure report's account of what ``rank`` printed: its exception's first lines (when given), then its
+    last lines (or that it printed nothing)."""
+    lines = []
+    if exception:
+        lines.append(f"The exception rank {rank} raised (its first lines):")
+        lines.extend("    " + str(line) for line in exception)
+    if last_lines:
+        lines.append(f"Last {len(last_lines)} output lines of rank {rank}:")
+        lines.extend("    " + str(line) for line in last_lines)
+    else:
+        lines.append(f"Rank {rank} printed nothing before it exited.")
+    return lines
 
 
 class OutputTail:

@@ -24,7 +24,7 @@ import time
 from typing import IO, Dict, Iterator, List, Optional, Sequence
 
 from . import flight_folder
-from .output_tail import OutputTail
+from .output_tail import OutputTail, report_lines
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +87,7 @@ def format_failure(failure: WorkerExit) -> str:
     if failure.returncode == -signal.SIGKILL:
         lines.append("(A rank killed by SIGKILL that horovodrun did not kill is often the victim of the kernel's "
                      "out-of-memory killer: check `dmesg` on that host.)")
-    if failure.exception:
-        lines.append(f"The exception rank {failure.rank} raised (its first lines):")
-        lines.extend("    " + line for line in failure.exception)
-    if failure.last_lines:
-        lines.append(f"Last {len(failure.last_lines)} output lines of rank {failure.rank}:")
-        lines.extend("    " + line for line in failure.last_lines)
-    else:
-        lines.append(f"Rank {failure.rank} printed nothing before it exited.")
+    lines.extend(report_lines(failure.rank, failure.exception, failure.last_lines))
     return "\n".join(lines)
 
 

@@ -2,10 +2,11 @@
 failed for a reason of its own (not a peer's failure), where it ran, and its traceback or last output lines."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from horovod.common import wire
 from horovod.runner import run_func
+from horovod.runner.output_tail import report_lines
 from horovod.runner.process import describe_returncode
 
 from . import protocol
@@ -101,14 +102,5 @@ def _message(what: str, rank: int, place: protocol.TaskPlace, record: dict, resu
         return (f"{what}: the function raised {result.get('repr', 'an exception')} on {where}.\n"
                 f"Traceback from rank {rank}:\n{traceback}")
     status = describe_returncode(record["returncode"])
-    lines: List[Any] = record.get("last_lines") or []
-    text = f"{what}: {where} exited ({status}) before it reported a result."
-    exception: List[Any] = record.get("exception") or []
-    if exception:
-        text += (f"\nThe exception rank {rank} raised (its first lines):\n"
-                 + "\n".join("    " + str(line) for line in exception))
-    if lines:
-        text += f"\nLast {len(lines)} output lines of rank {rank}:\n" + "\n".join("    " + str(line) for line in lines)
-    else:
-        text += f"\nRank {rank} printed nothing before it exited."
-    return text
+    printed = report_lines(rank, record.get("exception") or [], record.get("last_lines") or [])
+    return "\n".join([f"{what}: {where} exited ({status}) before it reported a result.", *printed])
