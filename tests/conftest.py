@@ -21,7 +21,14 @@ def pytest_configure(config):
     Every JAX process of this run (each rank of every JAX job, the in-process tests) shares one persistent
     compilation cache: the JAX jobs at each rank count, the Keras JAX backend and the JAX examples compile the
     same small programs, and a later job loads them instead (a 4-rank JAX job went from 35 s to 23 s on the
-    reference VM). Tracing, and so every horovod.jax code path, still runs; only XLA's compile is skipped."""
+    reference VM). Tracing, and so every horovod.jax code path, still runs; only XLA's compile is skipped.
+
+    The processes tests start (every rank of every job, Spark's and Ray's workers) cache bytecode as Python does
+    by default, even where the environment sets PYTHONDONTWRITEBYTECODE (the reference VM does): otherwise each of
+    the suite's thousands of processes compiles horovod, its test files and pytest's rewritten asserts again, and
+    a 4-rank job of the parallel suite spent 10 % more CPU doing so. The caches are __pycache__ folders, which
+    git ignores."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if not os.environ.get("HOROVOD_FLIGHT_RECORDER_DIR"):
         os.environ["HOROVOD_FLIGHT_RECORDER_DIR"] = _FLIGHT_DIR[0] = tempfile.mkdtemp(prefix="horovod-flight-tests-")
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
