@@ -69,3 +69,17 @@ def test_a_helper_thread_s_waits_belong_to_the_thread_it_works_for():
     assert made["for"].owner == owner
     assert made["own"].owner == made["after"].owner == made["ident"] != owner
     assert made["ident"] not in peer_waits._owners
+
+
+def test_a_started_helper_s_waits_belong_to_the_thread_that_started_it():
+    made = {}
+
+    def target():
+        made["wait"] = peer_waits.begin(1, "there", None, 8)
+        peer_waits.end(made["wait"])
+        made["ident"] = threading.get_ident()
+
+    thread = peer_waits.start_helper(target, "test-helper")
+    thread.join(5)
+    assert thread.daemon and thread.name == "test-helper"
+    assert made["wait"].owner == threading.get_ident() != made["ident"]

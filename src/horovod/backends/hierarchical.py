@@ -25,7 +25,6 @@ it is upstream's GPU variant, a Sum inside each host and Adasum across hosts, di
 from __future__ import annotations
 
 import queue
-import threading
 from concurrent.futures import Future
 from typing import Callable, List, Optional, Sequence
 
@@ -71,17 +70,12 @@ class _SerialWorker:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._loop, args=(threading.get_ident(),), name="horovod-cross-host",
-                         daemon=True).start()
+        peer_waits.start_helper(self._run_queued, "horovod-cross-host")
 
     def submit(self, fn: Callable[..., None], *args) -> Future:
         future: Future = Future()
         self._queue.put((future, fn, args))
         return future
-
-    def _loop(self, owner: int) -> None:
-        with peer_waits.working_for(owner):      # its stalls are reported as the engine's
-            self._run_queued()
 
     def _run_queued(self) -> None:
         while True:

@@ -69,6 +69,21 @@ def working_for(owner: int) -> Iterator[None]:
         _owners.pop(ident, None)
 
 
+def start_helper(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start a daemon thread that runs ``target`` for the calling thread: the helper's waits are made for the
+    caller (:func:`working_for`), so that its stalls are reported with the caller's collective and rank. A
+    daemon, so that a helper stuck on a lost peer cannot hold the process at exit."""
+    owner = threading.get_ident()
+
+    def run() -> None:
+        with working_for(owner):
+            target()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def hold(wait: PeerWait) -> PeerWait:
     """The calling thread now waits on ``wait``, made earlier (a send that a helper thread performs)."""
     _board[threading.get_ident()] = wait

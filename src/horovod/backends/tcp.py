@@ -45,7 +45,9 @@ class _StreamSender:
     """A thread that sends queued buffers in order, so that the caller can receive and reduce meanwhile.
 
     :meth:`flush` returns a future that completes once everything queued before it is sent, with the first
-    send's error (a :class:`PeerLostError`) if one failed; the sends queued after a failure are dropped.
+    send's error (a :class:`PeerLostError`) if one failed; the sends queued after a failure are dropped. The
+    thread is a helper of the first thread that sends (:func:`peer_waits.start_helper`): a stalled send is
+    reported with that thread's collective.
     """
 
     def __init__(self) -> None:
@@ -54,9 +56,7 @@ class _StreamSender:
 
     def send(self, comm: Comm, peer: int, view: memoryview) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, args=(threading.get_ident(),),
-                                            name="horovod-ring-sender", daemon=True)
-            self._thread.start()
+            self._thread = peer_waits.start_helper(self._send_queued, "horovod-ring-sender")
         self._queue.put((comm, peer, view))
 
     def flush(self) -> Future:
@@ -66,10 +66,6 @@ class _StreamSender:
         else:
             self._queue.put(future)
         return future
-
-    def _loop(self, owner: int) -> None:
-        with peer_waits.working_for(owner):      # its stalls are reported as the engine's
-            self._send_queued()
 
     def _send_queued(self) -> None:
         error: Optional[BaseException] = None
