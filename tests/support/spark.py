@@ -14,9 +14,9 @@ Use it as a context manager or through the module-scoped fixture factory::
 
 ``spark_session(executors=2, conf=None, app_name=..., cores=1)`` starts the driver JVM, a local master and
 ``executors`` worker JVMs (``cores`` cores and 1 GiB each; executors get 512 MiB), with the UI and the console
-progress bar off, the JVMs tuned for short jobs (``JVM_OPTIONS``: C1 only, the serial collector), every JVM bound to 127.0.0.1, ``spark.default.parallelism`` equal to executors x cores, and the
-executors' Python
-being this interpreter with the repository's ``src`` on its path. ``conf`` adds or overrides Spark settings.
+progress bar off, the JVMs tuned for short jobs (``JVM_OPTIONS``: C1 only, the serial collector), every JVM bound
+to 127.0.0.1, ``spark.default.parallelism`` equal to executors x cores, and the executors' Python being this
+interpreter with the repository's ``src`` on its path. ``conf`` adds or overrides Spark settings.
 
 On exit it stops the SparkContext, shuts down the driver JVM (pyspark keeps it for the life of the process
 otherwise), kills by pid any JVM it started that is still alive, and removes its temporary directories (Spark's
