@@ -1,5 +1,5 @@
 """Make ``tests.support`` importable however pytest is started (``pytest`` or ``python -m pytest``); mark the
-slow tier; report the launches that were tried again."""
+slow tier; plan the run for pytest-xdist's workers; report the launches that were tried again."""
 import os
 import shutil
 import sys
@@ -51,13 +51,33 @@ def pytest_unconfigure(config):
         shutil.rmtree(_JAX_CACHE[0], ignore_errors=True)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Launches tried again (tests/support/launch.py) are counted and named, never silent."""
+_RETRIED_PROPERTY = "launch_tried_again"
+_RETRIED_SENT = [0]     # how many of tests.support.launch.RETRIED this process has put on a report
+_RETRIED = []           # the launches tried again, as the reports brought them (from every worker)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Put the launches tried again during this phase on its report: under pytest-xdist the report is how they
+    reach the process that prints the summary."""
+    outcome = yield
     launch = sys.modules.get("tests.support.launch")
     retried = getattr(launch, "RETRIED", [])
-    if retried:
-        terminalreporter.write_sep("=", f"{len(retried)} launch(es) tried again")
-        for line in retried:
+    report = outcome.get_result()
+    for line in retried[_RETRIED_SENT[0]:]:
+        report.user_properties.append((_RETRIED_PROPERTY, line))
+    _RETRIED_SENT[0] = len(retried)
+
+
+def pytest_runtest_logreport(report):
+    _RETRIED.extend(value for name, value in report.user_properties if name == _RETRIED_PROPERTY)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Launches tried again (tests/support/launch.py) are counted and named, never silent."""
+    if _RETRIED:
+        terminalreporter.write_sep("=", f"{len(_RETRIED)} launch(es) tried again")
+        for line in _RETRIED:
             terminalreporter.write_line(line)
 
 
@@ -67,9 +87,38 @@ QUICK_MAX_RANKS = 2
 RANK_PARAMETERS = ("np_", "num_proc")
 
 
+# The suite runs on two pytest-xdist workers (pyproject's addopts: ``-n 2 --dist loadgroup``): on the 2-core
+# reference machine one process used 1.1 cores on average, most tests of the watchdog, stall, elastic, Ray and
+# Spark files being waits for a timeout or a start-up. Each test file is one unit of work, so its module-scoped
+# fixtures (a Spark session, a Ray cluster) start once; the files that make namespace hosts share one unit, as
+# the machine has one set of hosts at a time (tests/support/hosts.py). Units start in the order of ORDER: the
+# long framework suites first, the unit tests, short, last to fill the end.
+HOSTS_GROUP = "namespace-hosts"
+
+
+def _order(item) -> int:
+    path = item.nodeid.split("::")[0]
+    if path.startswith("tests/unit/"):
+        return 2
+    return 0 if path.endswith("_suite.py") else 1
+
+
+def _makes_hosts(module) -> bool:
+    from tests.support import hosts
+
+    made_by = (hosts.namespace_hosts, hosts.hosts_or_skip)
+    return any(value in made_by for value in vars(module).values() if callable(value))
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         ranks = [v for k, v in callspec.params.items() if k in RANK_PARAMETERS] if callspec else []
         if any(isinstance(v, int) and v > QUICK_MAX_RANKS for v in ranks):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("xdist_group") is None:
+            module = getattr(item, "module", None)
+            group = HOSTS_GROUP if module is not None and _makes_hosts(module) else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_order)

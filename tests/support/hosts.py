@@ -20,6 +20,11 @@ the machine's own sshd keys and config are never read. The launcher's ``ssh`` mu
 ``~/.ssh/known_hosts`` either: :meth:`HostCluster.launcher_env` puts first on ``PATH`` an ``ssh`` that runs
 the real one with ``-F <run's ssh_config>`` (the run's known_hosts, identity and user).
 
+One cluster exists at a time on the machine: :func:`namespace_hosts` holds an exclusive lock (``flock`` on
+``LOCK_PATH``) from before it picks a subnet until everything it made is removed, so that two pytest workers
+never race for the same subnet or remove the shared ``/etc/netns`` and ``/run/sshd`` under each other (the
+suite also runs every test that makes hosts on one worker, tests/conftest.py).
+
 Everything made is removed on exit, even when the body raised: the processes in each namespace (listed with
 ``ip netns pids``, killed by pid), namespaces, veths, bridge, ``/etc/netns`` entries and the temporary directory.
 
@@ -31,6 +36,7 @@ sets it, and installs what is needed with ``.ci/system-deps``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import logging
 import os
@@ -56,6 +62,7 @@ SSH_PORT = 22
 SUBNET_PREFIX = "10.213"
 NETNS_ETC = Path("/etc/netns")
 SSHD_PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it (the package's service makes it)
+LOCK_PATH = Path(tempfile.gettempdir()) / "horovod-test-namespace-hosts.lock"
 _TOOLS = ("ip", "ssh", "ssh-keygen", "unshare", "hostname", "tc")
 
 
@@ -469,6 +476,40 @@ def namespace_hosts(count: int) -> Iterator[HostCluster]:
     reason = missing_requirements()
     if reason:
         raise HostsUnavailable(reason)
+    with _machine_lock(), _built(count) as cluster:
+        yield cluster
+
+
+_HELD = threading.local()
+
+
+@contextlib.contextmanager
+def _machine_lock() -> Iterator[None]:
+    """Hold LOCK_PATH exclusively (re-entrant within a thread: a test may nest clusters)."""
+    depth = getattr(_HELD, "depth", 0)
+    if depth:
+        _HELD.depth = depth + 1
+        try:
+            yield
+        finally:
+            _HELD.depth = depth
+        return
+    with open(LOCK_PATH, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process's namespace hosts to be removed (%s)", LOCK_PATH)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        _HELD.depth = 1
+        try:
+            yield
+        finally:
+            _HELD.depth = 0
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _built(count: int) -> Iterator[HostCluster]:
     teardown = _Teardown()
     try:
         try:
