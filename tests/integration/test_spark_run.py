@@ -303,9 +303,10 @@ def test_run_elastic_goes_on_without_a_lost_executor(spark, tmp_path):
     steps, sizes, hosts, resets = zip(*results)
     assert set(steps) == {40} and len(set(map(tuple, sizes))) == 1, results
     assert sizes[0][0] == 4, sizes[0]                       # the job started with four ranks
-    # It went on with the two survivors, rank 0 through a reset with its state, and grew back to four if the
-    # executor Spark starts in place of the lost one came in time (its new workers start fresh, with no reset)...
-    assert len(results) in (2, 4) and resets[0], results
+    # It went on with the two survivors, rank 0 through a reset with its state, and grew again by the tasks Spark
+    # retried on the executor it starts in place of the lost one, each as the driver's discovery saw it start
+    # before the 40 steps were done: none, one (seen once on a loaded machine) or both...
+    assert len(results) in (2, 3, 4) and resets[0], results
     # ... never again on the executor that was lost, whose ranks are gone.
     assert not any(host.endswith(f"-executor-{killed['executor']}") for host in hosts), hosts
     assert _wait_gone(killed["ranks"]) == []
