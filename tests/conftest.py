@@ -1,5 +1,6 @@
 """Make ``tests.support`` importable however pytest is started (``pytest`` or ``python -m pytest``); mark the
 slow tier; plan the run for pytest-xdist's workers; report the launches that were tried again."""
+import functools
 import os
 import shutil
 import sys
@@ -91,8 +92,8 @@ RANK_PARAMETERS = ("np_", "num_proc")
 # reference machine one process used 1.1 cores on average, most tests of the watchdog, stall, elastic, Ray and
 # Spark files being waits for a timeout or a start-up. Each test file is one unit of work, so its module-scoped
 # fixtures (a Spark session, a Ray cluster) start once; the files that make namespace hosts share one unit, as
-# the machine has one set of hosts at a time (tests/support/hosts.py). Units start in the order of ORDER: the
-# long framework suites first, the unit tests, short, last to fill the end.
+# the machine has one set of hosts at a time (tests/support/hosts.py). Units start in the order _order gives:
+# the long framework suites first, the unit tests, short, last to fill the end.
 HOSTS_GROUP = "namespace-hosts"
 
 
@@ -103,6 +104,7 @@ def _order(item) -> int:
     return 0 if path.endswith("_suite.py") else 1
 
 
+@functools.cache      # once per test file, not once per test
 def _makes_hosts(module) -> bool:
     from tests.support import hosts
 

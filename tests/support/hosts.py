@@ -485,14 +485,9 @@ _HELD = threading.local()
 
 @contextlib.contextmanager
 def _machine_lock() -> Iterator[None]:
-    """Hold LOCK_PATH exclusively (re-entrant within a thread: a test may nest clusters)."""
-    depth = getattr(_HELD, "depth", 0)
-    if depth:
-        _HELD.depth = depth + 1
-        try:
-            yield
-        finally:
-            _HELD.depth = depth
+    """Hold LOCK_PATH exclusively until the file closes (re-entrant within a thread: a test may nest clusters)."""
+    if getattr(_HELD, "held", False):
+        yield
         return
     with open(LOCK_PATH, "a") as lock:
         try:
@@ -500,12 +495,11 @@ def _machine_lock() -> Iterator[None]:
         except BlockingIOError:
             log.info("waiting for another process's namespace hosts to be removed (%s)", LOCK_PATH)
             fcntl.flock(lock, fcntl.LOCK_EX)
-        _HELD.depth = 1
+        _HELD.held = True
         try:
             yield
         finally:
-            _HELD.depth = 0
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            _HELD.held = False
 
 
 @contextlib.contextmanager

@@ -12,10 +12,16 @@ def test_a_test_runs_in_the_unit_of_its_file(request):
     assert mark is not None and mark.args == ("tests/unit/test_suite_plan.py",)
 
 
+def _module(**names) -> types.ModuleType:
+    module = types.ModuleType("a_test_file")
+    vars(module).update(names)
+    return module
+
+
 def test_files_that_make_namespace_hosts_are_found_by_what_they_import():
-    assert conftest._makes_hosts(types.SimpleNamespace(hosts_or_skip=hosts.hosts_or_skip))
-    assert conftest._makes_hosts(types.SimpleNamespace(namespace_hosts=hosts.namespace_hosts))
-    assert not conftest._makes_hosts(types.SimpleNamespace(horovodrun=print, hosts=hosts))
+    assert conftest._makes_hosts(_module(hosts_or_skip=hosts.hosts_or_skip))
+    assert conftest._makes_hosts(_module(namespace_hosts=hosts.namespace_hosts))
+    assert not conftest._makes_hosts(_module(horovodrun=print, hosts=hosts))
 
 
 def _try_lock(path, queue):
