@@ -111,14 +111,25 @@ class StaticAdapter:
                 try:
                     results[index] = ray.get(ref)
                 except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as exc:
-                    raise self._failed(exc, index, list(pending), what) from None
+                    raise self._failed(exc, index, pending, what) from None
         return results
 
-    def _failed(self, exc: BaseException, index: int, pending: List[Any], what: str) -> RayWorkerError:
+    def _failed(self, exc: BaseException, index: int, pending: Dict[Any, int], what: str) -> RayWorkerError:
+        """The error for the first failure, ``exc`` of worker ``index``; the root cause instead when, within
+        FAILURE_GRACE_S, another worker's actor is found dead: a rank that raised because a peer vanished
+        (HorovodInternalError naming it) can reach the driver before Ray reports the dead actor."""
+        done, still_running = ray.wait(list(pending), num_returns=len(pending), timeout=FAILURE_GRACE_S) \
+            if pending else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as dead:
+                exc, index = dead, pending[ref]
+                break
+            except ray.exceptions.RayTaskError:
+                pass
         worker = self.workers[index]
         error = worker_failure(exc, worker.slot.rank, worker.slot.hostname, worker.node_id, what)
-        _, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S) if pending \
-            else ([], [])
         if still_running or isinstance(exc, ray.exceptions.RayActorError):
             log.error("rank %d failed; stopping all %d workers", worker.slot.rank, len(self.workers))
             self.shutdown()
