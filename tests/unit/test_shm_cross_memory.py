@@ -49,6 +49,46 @@ def test_read_and_write_copy_between_addresses():
     assert not back[src.size // 2:].any()
 
 
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    lambda: np.arange(24, dtype=np.float64)[6:],                       # a view that starts inside its base
+    lambda: _read_only(np.arange(8, dtype=np.int64)),
+    lambda: np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2],     # not contiguous
+    lambda: np.zeros(0, np.float32),
+], ids=["writable", "offset-view", "read-only", "strided", "empty"])
+def test_address_is_where_the_first_element_lies(make):
+    array = make()
+    assert cma.address(array) == array.__array_interface__["data"][0]
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
+def test_threads_copying_at_once_do_not_mix_their_copies():
+    """Each thread fills its own iovecs: a fast round's caller and the engine thread copy at the same time, and
+    the system call runs without the GIL, so shared ones would send one thread's bytes to the other's array."""
+    sources = [np.full(4096, value, np.uint8) for value in (1, 2, 3, 4)]
+    wrong = []
+
+    def copy(index):
+        dst = np.zeros(4096, np.uint8)
+        remote = cma.address(sources[index])
+        for _ in range(2000):
+            cma.read(os.getpid(), remote, dst)
+            if not (dst == index + 1).all():
+                wrong.append(index)
+                return
+
+    threads = [threading.Thread(target=copy, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+
+
 def test_probe_accepts_a_readable_peer():
     token = np.frombuffer(b"0123456789abcdef", np.uint8).copy()
     assert cma.probe(os.getpid(), cma.address(token), token.tobytes()) is None
