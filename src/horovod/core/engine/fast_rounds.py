@@ -258,6 +258,11 @@ class FastRounds:
         _keep(self._keys, request.name, (request, nbytes, self.roomy, key))
         return key
 
+    def forget_keys(self) -> None:
+        """Drop the keys kept per tensor name, so that the next rounds choose their path afresh (a benchmark that
+        changes this module's thresholds mid-run, benchmarks/fast_round_ab.py)."""
+        self._keys.clear()
+
     # ------------------------------------------------------------------ posting (engine lock held)
     def can_post_fast(self) -> bool:
         """Whether this rank may post a FAST record now: no rank joined, and the buffer the next round would use
