@@ -2,8 +2,9 @@
 (B), alternated in lockstep on every rank, so that the VM's drift between runs (which moves a small op's time by
 20 % or more from one job to the next) hits both sides alike.
 
-A setting is a module-level name of :mod:`horovod.core.engine.fast_rounds` (``fast_rounds.``) or
-:mod:`horovod.backends.cma` (``cma.``), optionally one entry of a dict keyed by request type, and a value; a
+A setting is a module-level name of :mod:`horovod.core.engine.fast_rounds` (``fast_rounds.``),
+:mod:`horovod.backends.cma` (``cma.``) or the shm data plane, :mod:`horovod.backends.shm` (``shm.``: with
+``HOROVOD_FAST_ROUNDS=0`` every op goes through it), optionally one entry of a dict keyed by request type, and a value; a
 function is replaced by one that returns the value. The rounds' kept keys are dropped at every switch, so a
 changed threshold takes effect at once. Run it under ``horovodrun``; rank 0 prints, per op and size, the median
 time per call (µs) of each side, how many calls went direct (by cross-memory copies), and B / A:
@@ -12,6 +13,8 @@ time per call (µs) of each side, how many calls went direct (by cross-memory co
     horovodrun -np 2 python benchmarks/fast_round_ab.py --set 'fast_rounds.DIRECT_FROM[BROADCAST]=65536' \\
         --ops broadcast --sizes 64K,96K,128K
     horovodrun -np 2 python benchmarks/fast_round_ab.py --set cma.root_share=0 --ops broadcast   # reader-only
+    HOROVOD_FAST_ROUNDS=0 horovodrun -np 2 python benchmarks/fast_round_ab.py \
+        --set 'shm.DIRECT_ALLGATHER_BYTES=(4194304, 1073741824)' --ops allgather --sizes 64M,256M
 """
 from __future__ import annotations
 
@@ -22,13 +25,13 @@ import statistics
 import time
 from typing import Callable, Dict, List, Tuple
 
-from horovod.backends import cma
+from horovod.backends import cma, shm
 from horovod.bench.peers import HorovodPeer
 from horovod.common.types import RequestType
 from horovod.core import basics
 from horovod.core.engine import fast_rounds
 
-MODULES = {"fast_rounds": fast_rounds, "cma": cma}
+MODULES = {"fast_rounds": fast_rounds, "cma": cma, "shm": shm}
 SETTING = re.compile(r"^(\w+)\.(\w+)(?:\[(\w+)\])?=(.+)$")
 SWITCHES = 14            # 7 timed blocks per side
 WARM_CALLS = 20          # after each switch, untimed
@@ -43,8 +46,8 @@ def setting(text: str) -> Tuple[Callable[[], None], Callable[[], None]]:
     """(apply, restore) for ``module.NAME=value`` or ``module.NAME[REQUEST_TYPE]=value``."""
     match = SETTING.match(text)
     if match is None or match.group(1) not in MODULES:
-        raise SystemExit(f"--set {text!r}: expected fast_rounds.NAME=VALUE, fast_rounds.NAME[TYPE]=VALUE or "
-                         "cma.NAME=VALUE")
+        raise SystemExit(f"--set {text!r}: expected MODULE.NAME=VALUE or MODULE.NAME[TYPE]=VALUE, "
+                         f"MODULE one of {', '.join(MODULES)}")
     module, name, entry, raw = MODULES[match.group(1)], match.group(2), match.group(3), match.group(4)
     if not hasattr(module, name):
         raise SystemExit(f"--set {text!r}: {module.__name__} has no {name}")

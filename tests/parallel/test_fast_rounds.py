@@ -16,7 +16,7 @@ from horovod.backends.shm import FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core import basics, ops
-from horovod.core.engine.fast_rounds import DIRECT_FROM, DIRECT_GATHER_BYTES, REDUCE_TOTAL_BYTES
+from horovod.core.engine.fast_rounds import DIRECT_FROM, REDUCE_TOTAL_BYTES
 
 
 def _fast():
@@ -184,13 +184,13 @@ def test_a_large_broadcast_copies_once_from_every_root(count):
 
 
 # The smallest direct allgather (rows of 24 bytes: not a whole number of pages), one beyond a slot per rank, and
-# one whose output passes DIRECT_GATHER_BYTES (fast, through the coordinator).
+# one of 40 MB of output (direct too: there is no upper limit).
 @pytest.mark.parametrize("rows, direct", [(-(-DIRECT_FROM[RequestType.ALLGATHER] // 24), True), (FAST_SLOT_BYTES // 24 + 5, True),
-                                          ("past", False)])
+                                          ("large", True)])
 def test_a_large_allgather_copies_once(rows, direct):
     rank, size = hvd.rank(), hvd.size()
-    if rows == "past":
-        rows = DIRECT_GATHER_BYTES // 24 // size + 1
+    if rows == "large":
+        rows = (40 << 20) // 24 // size + 1
     x = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + 1e6 * rank
     before, copied = _matched(), _direct()
     got = hvd.allgather(x, name=f"fr.direct.gather.{rows}")

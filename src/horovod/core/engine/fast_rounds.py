@@ -32,8 +32,7 @@ so the buffer of round k is always free again at round k + 2.
 too large for the slots, need not pass through the slots: where every rank may copy to and from its peers' memory
 (``process_vm_readv``/``writev``, agreed when the shm plane started, :mod:`horovod.backends.cma`), the record
 carries the address of the rank's own array instead, and a matched round copies each byte once, straight from the
-sender's array into the receiver's, with no size limit (an allgather up to DIRECT_GATHER_BYTES of output, as the
-data plane). A direct allreduce also posts its output's address: each rank reads its own segment of every peer's
+sender's array into the receiver's, with no size limit. A direct allreduce also posts its output's address: each rank reads its own segment of every peer's
 input, reduces it in rank order and writes the result into every peer's output, so no rank waits for another in
 the middle of the round (a segment of an input is read only by the rank that reduces it, so even an allreduce in
 place is safe). A direct reducescatter is that first half alone. Since peers copy to and from those arrays until
@@ -93,15 +92,17 @@ _ALLREDUCE, _BROADCAST = RequestType.ALLREDUCE, RequestType.BROADCAST
 _REDUCESCATTER = RequestType.REDUCESCATTER
 REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each rank reads them all
 # From these sizes (a broadcast's buffer, an allgather's input per rank) the op copies once by cross-memory reads
-# and writes where the ranks may use them (a *direct* round), up to DIRECT_GATHER_BYTES of allgather output.
-# Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md, issue 31).
+# and writes where the ranks may use them (a *direct* round), at any size: at 64-256 MB as fast as the data plane's
+# chunks on a quiet machine, 3x faster beside busy cores, where each of the chunks' barriers waits for a peer to be
+# scheduled. Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md,
+# issue 31).
 DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
 # An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
-# rank, or a slot): single copies by cross-memory calls move about a quarter of memcpy's bytes per second on the
-# reference VM, so below that the slots' two cache-hot copies are faster. Up to DIRECT_REDUCE_BYTES per rank:
-# beyond, the data plane's pipelined chunks, which stay in the cache, are as fast (docs/benchmarks.md, issue 31).
-DIRECT_REDUCE_BYTES = 16 << 20
-DIRECT_GATHER_BYTES = 32 << 20
+# rank, or a slot), at any size: single copies by cross-memory calls move about a quarter of memcpy's bytes per
+# second on the reference VM, so below that the slots' two cache-hot copies are faster; above, a direct round in
+# pieces of DIRECT_PIECE_BYTES (read, reduced and written while in the cache) beat the data plane's chunks by
+# 1.2-1.4x at 64-256 MB (docs/benchmarks.md, issue 31).
+DIRECT_PIECE_BYTES = 2 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
@@ -146,15 +147,11 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     the round's key, so ranks that choose differently do not match."""
     if not cross:
         return False
-    if rtype in _REDUCING and nbytes > DIRECT_REDUCE_BYTES:
-        return False
     if rtype == RequestType.ALLREDUCE:
         return nbytes * size > REDUCE_TOTAL_BYTES
     if rtype == RequestType.REDUCESCATTER:
         return nbytes > FAST_SLOT_BYTES
-    if nbytes < DIRECT_FROM.get(rtype, 1 << 62) or not (roomy or nbytes > FAST_SLOT_BYTES):
-        return False
-    return rtype != RequestType.ALLGATHER or nbytes * size <= DIRECT_GATHER_BYTES
+    return nbytes >= DIRECT_FROM.get(rtype, 1 << 62) and (roomy or nbytes > FAST_SLOT_BYTES)
 
 
 def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct: bool = False) -> Optional[bytes]:
@@ -469,7 +466,11 @@ class FastRounds:
         plane reduces (the same bits). The segment is this rank's rows of a reducescatter (upstream's split), its
         1/size of an allreduce, whose reduced segment this rank then writes into every peer's posted output, as
         each peer writes its segment into this rank's: once every rank has resolved the round, every output is
-        whole. Only this rank reads its segment of any input, so it is still intact when read, in place or not."""
+        whole. Only this rank reads its segment of any input, so it is still intact when read, in place or not.
+
+        The segment goes in pieces of DIRECT_PIECE_BYTES: each piece is read from every peer, reduced and (an
+        allreduce) written to every peer while it is still in the cache, and the scratch space stays ``size``
+        pieces whatever the tensor's size."""
         request = entry.request
         flat_in = posted.reshape(-1)
         dtype, itemsize = flat_in.dtype, flat_in.dtype.itemsize
@@ -484,26 +485,34 @@ class FastRounds:
             segment = out.reshape(-1)[lo:lo + count]
         prescale = float(request.prescale)
         own = flat_in[lo:lo + count]
-        if prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(own, segment)):
-            own = self._scratch_part(self.size - 1, count, dtype)     # the output overwrites it before its turn
-            scaled_copy(own, flat_in[lo:lo + count], prescale)
-        parts = []
-        for r in range(self.size):
-            if r == self.rank:
-                parts.append(own)
-                continue
-            part = self._scratch_part(r - (r > self.rank), count, dtype)   # the last part is this rank's
-            self._cross(r, cma.read, addresses[r] + lo * itemsize, part, entry)
-            scale_inplace(part, prescale)
-            parts.append(part)
-        _reduce_in_order(request, segment, parts)
+        # Reduced into the output before its turn: an allreduce in place on a rank from 2 on (ranks 0 and 1 are
+        # both read by the first combine, before it writes).
+        own_first = prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(own, segment))
+        outputs = [int(w[OUT_ADDRESS + b]) for w in self.words] if request.rtype == _ALLREDUCE else None
+        piece = max(1, DIRECT_PIECE_BYTES // itemsize)
+        for a in range(0, count, piece):
+            z = min(count, a + piece)
+            mine = own[a:z]
+            if own_first:
+                mine = self._scratch_part(self.size - 1, z - a, dtype)      # the last part is this rank's
+                scaled_copy(mine, own[a:z], prescale)
+            parts = []
+            for r in range(self.size):
+                if r == self.rank:
+                    parts.append(mine)
+                    continue
+                part = self._scratch_part(r - (r > self.rank), z - a, dtype)
+                self._cross(r, cma.read, addresses[r] + (lo + a) * itemsize, part, entry)
+                scale_inplace(part, prescale)
+                parts.append(part)
+            reduced = segment[a:z]
+            _reduce_in_order(request, reduced, parts)
+            if outputs is not None:
+                for step in range(1, self.size):
+                    r = (self.rank + step) % self.size
+                    self._cross(r, cma.write, outputs[r] + (lo + a) * itemsize, reduced, entry)
         if request.rtype == _REDUCESCATTER:
             entry.output = out
-            return
-        outputs = [int(w[OUT_ADDRESS + b]) for w in self.words]
-        for step in range(1, self.size):
-            r = (self.rank + step) % self.size
-            self._cross(r, cma.write, outputs[r] + lo * itemsize, segment, entry)
 
     def _scratch_part(self, index: int, count: int, dtype: np.dtype) -> np.ndarray:
         """The ``index``-th of ``size`` scratch arrays of ``count`` elements (kept between rounds: no page faults
