@@ -285,6 +285,75 @@ def test_a_failed_cross_memory_copy_names_the_lost_peer(shm_group, monkeypatch):
     assert run_ranks(2, body) == [1, 0]           # the root lost its peer, the peer lost the root
 
 
+# ------------------------------------------------------------------------------- direct allreduce
+def _allreduce_all(backends, inputs, op, layout, prescale=1.0, postscale=1.0):
+    """Every rank allreduces its copy of ``inputs[rank]``: into a new array ("apart"), into itself ("in-place")
+    or into every other element of a larger one ("strided-output"); returns what each rank got."""
+    def body(r):
+        x = inputs[r].copy()
+        if layout == "in-place":
+            out = x
+        elif layout == "strided-output":
+            full = np.zeros(2 * x.size, x.dtype)
+            out = full[::2]
+        else:
+            out = np.zeros_like(x)
+        backends[r].allreduce([x], [out], op, prescale, postscale)
+        if layout == "strided-output":
+            assert not full[1::2].any(), "wrote between the strided elements"
+        return out.copy()
+
+    return run_ranks(len(backends), body)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("layout", ["apart", "in-place", "strided-output"])
+@pytest.mark.parametrize("prescale", [1.0, 0.5])
+def test_direct_allreduce_gives_the_chunked_paths_bits(shm_group, monkeypatch, copies, size, layout, prescale):
+    """float64 sums whose rounding shows any change of order; pieces of an odd number of bytes (none a whole
+    number of elements, the last short); in place, the third and fourth ranks' own pieces must survive their
+    outputs; scale factors as the chunked path applies them."""
+    monkeypatch.setattr(shm, "DIRECT_PIECE_BYTES", 20_003)
+    n = 100_003
+    inputs = [np.random.default_rng(r).standard_normal(n) for r in range(size)]
+    monkeypatch.setattr(shm, "DIRECT_ALLREDUCE_BYTES", 1)
+    direct = _allreduce_all(shm_group(size), inputs, algorithms.ReduceOp.SUM, layout, prescale, 3.0)
+    reads, writes = copies["read"], copies["write"]
+    monkeypatch.setattr(shm, "DIRECT_ALLREDUCE_BYTES", 1 << 62)
+    chunked = _allreduce_all(shm_group(size), inputs, algorithms.ReduceOp.SUM, layout, prescale, 3.0)
+    assert copies == {"read": reads, "write": writes}         # the chunked path made no cross-memory copy
+    per_piece = 20_003 // 8
+    pieces = sum(-(-(hi - lo) // per_piece) for lo, hi in (shm._segment(n, size, r, 8) for r in range(size)))
+    assert reads == writes == (size - 1) * pieces               # each piece read from and written to every peer
+    np.testing.assert_allclose(direct[0], 3.0 * prescale * sum(inputs))
+    for got, want in zip(direct, chunked):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op", ["MIN", "MAX", "PRODUCT"])
+def test_direct_allreduce_of_integers_with_every_op(shm_group, monkeypatch, op):
+    monkeypatch.setattr(shm, "DIRECT_ALLREDUCE_BYTES", 1)
+    size = 3
+    inputs = [algorithms.data(r, 70_001, np.int32) for r in range(size)]
+    for got in _allreduce_all(shm_group(size), inputs, algorithms.ReduceOp[op], "apart"):
+        np.testing.assert_array_equal(got, algorithms.REF[algorithms.ReduceOp[op]](inputs))
+
+
+def test_fused_tensors_and_small_ones_keep_the_slots(shm_group, copies):
+    backends = shm_group(2)
+    n = shm.DIRECT_ALLREDUCE_BYTES // 4 + 1
+
+    def body(r):
+        a, b = np.full(n, r + 1.0, np.float32), np.full(n, 1.0, np.float32)
+        backends[r].allreduce([a, b], [a, b], algorithms.ReduceOp.SUM)       # a fused batch of two
+        small = np.full(1000, 2.0, np.float32)
+        backends[r].allreduce([small], [small], algorithms.ReduceOp.SUM)
+        return a[0], b[-1], small[0]
+
+    assert run_ranks(2, body) == [(3.0, 2.0, 4.0)] * 2
+    assert copies == {"read": 0, "write": 0}
+
+
 # ------------------------------------------------------------------------------- direct allgather
 @pytest.mark.parametrize("size", [2, 3, 4])
 def test_allgather_in_the_window_reads_each_peer_once(shm_group, copies, size):

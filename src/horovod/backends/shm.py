@@ -33,7 +33,7 @@ from horovod.backends import cma
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets
 from horovod.backends.comm import Comm, PeerLostError
-from horovod.backends.reduce import combine, reduce_into, scaled_copy
+from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
 from horovod.common import config
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
@@ -48,9 +48,16 @@ DIRECT_BROADCAST_BYTES = 1 << 20
 # the cache between their owner's write and the peers' reads. Above it the copies are bound by memory bandwidth,
 # and the slot path, which fetches each input from memory once, is as fast (docs/benchmarks.md, issue 15).
 DIRECT_ALLGATHER_BYTES = (4 << 20, 32 << 20)
-# One 64-byte record per rank after the slots: [pid, buffer address, buffer bytes, -, probe verdict, probe token x2]
+# An allreduce of one tensor from this size reduces each rank's 1/size straight from the peers' inputs and writes
+# it into their outputs (cross-memory calls), in pieces of DIRECT_PIECE_BYTES that stay in the cache, with one
+# barrier at the end instead of two per chunk: each chunk's barriers wait for a peer to be scheduled
+# (docs/benchmarks.md, issue 31).
+DIRECT_ALLREDUCE_BYTES = 4 << 20
+DIRECT_PIECE_BYTES = 2 << 20
+# One 64-byte record per rank after the slots: [pid, buffer address, buffer bytes, output address, probe verdict,
+# probe token x2]
 RECORD_WORDS = 8
-PID, ADDRESS, NBYTES, VERDICT, TOKEN = 0, 1, 2, 4, 5
+PID, ADDRESS, NBYTES, OUT_ADDRESS, VERDICT, TOKEN = 0, 1, 2, 3, 4, 5
 # After the records, the area of the engine's fast rounds (horovod/core/engine/fast_rounds.py): one shared line,
 # then per rank a header of FAST_HEADER_BYTES and two data slots of FAST_SLOT_BYTES.
 FAST_LINE_BYTES = 64
@@ -232,6 +239,10 @@ class ShmBackend(Backend):
         if total * dtype.itemsize * self.size <= self.small_bytes:
             self._small_allreduce(inputs, outputs, total, dtype, op, prescale, postscale)
             return
+        if self.direct and len(inputs) == 1 and total * dtype.itemsize >= DIRECT_ALLREDUCE_BYTES:
+            # Decided on what every rank shares (a rank's own layout would let ranks choose differently).
+            self._direct_allreduce(inputs[0], outputs[0], op, prescale, postscale)
+            return
         self._settle()
         per_chunk = self.seg.chunk // dtype.itemsize
         mine = self.seg.slot(self.rank, dtype)
@@ -355,16 +366,71 @@ class ShmBackend(Backend):
             self.comm.barrier()
 
     # ------------------------------------------------------------ cross-memory paths
-    def _publish(self, array: np.ndarray) -> List[Tuple[int, int]]:
-        """Show the peers where ``array`` lies; returns every rank's (pid, address) once all have published.
+    def _publish(self, array: np.ndarray, output: Optional[np.ndarray] = None) -> List[Tuple[int, int]]:
+        """Show the peers where ``array`` lies (and ``output``, see :meth:`_output_addresses`); returns every
+        rank's (pid, address) once all have published.
 
         The caller must end its op with a barrier, so that ``array`` stays put while the peers copy, and the
         records are not overwritten by a next op before every rank has read them here.
         """
         mine = self.seg.record(self.rank)
         mine[ADDRESS], mine[NBYTES] = cma.address(array), array.nbytes
+        if output is not None:
+            mine[OUT_ADDRESS] = cma.address(output)
         self.comm.barrier()
         return [(int(rec[PID]), int(rec[ADDRESS])) for rec in map(self.seg.record, range(self.size))]
+
+    def _output_addresses(self) -> List[int]:
+        """Every rank's published output (after :meth:`_publish` with one)."""
+        return [int(self.seg.record(r)[OUT_ADDRESS]) for r in range(self.size)]
+
+    def _direct_allreduce(self, inp: np.ndarray, out: np.ndarray, op: ReduceOp, prescale: float,
+                          postscale: float) -> None:
+        """Allreduce of one tensor by cross-memory copies: this rank reduces its 1/size (the chunked path's
+        cache-line aligned split), reading that part of every peer's input piece by piece, in rank order with the
+        chunked path's kernels and scale factors (the same bits), and writes each reduced piece into every peer's
+        output while it is in the cache. Only this rank reads its part of any input, and it reads a piece before
+        anyone writes it, so an allreduce in place is safe; a rank from 2 on keeps its own piece aside first,
+        because the first combine writes the output before its turn. A tensor that is not contiguous goes
+        through a contiguous copy."""
+        flat_in = (inp if inp.flags.c_contiguous else np.ascontiguousarray(inp)).reshape(-1)
+        staged = not out.flags.c_contiguous
+        flat_out = np.empty(out.size, out.dtype) if staged else out.reshape(-1)
+        itemsize = flat_in.dtype.itemsize
+        where = self._publish(flat_in, flat_out)
+        outputs = self._output_addresses()
+        lo, hi = _segment(flat_in.size, self.size, self.rank, itemsize)
+        own_aside = prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(flat_in[lo:hi], flat_out[lo:hi]))
+        piece = max(1, DIRECT_PIECE_BYTES // itemsize)
+        parts_buf = self.scratch("direct-allreduce", self.size * min(piece, max(1, hi - lo)), flat_in.dtype)
+        with activity("SHM_ALLREDUCE"):
+            for a in range(lo, hi, piece):
+                z = min(hi, a + piece)
+                self.progress = (a - lo) * itemsize
+                k = z - a
+                parts = []
+                for r in range(self.size):
+                    part = parts_buf[r * k:(r + 1) * k]
+                    if r == self.rank:
+                        if own_aside:
+                            scaled_copy(part, flat_in[a:z], prescale)
+                        else:
+                            part = flat_in[a:z]
+                    else:
+                        self._cross(r, cma.read, where[r][0], where[r][1] + a * itemsize, part)
+                        scale_inplace(part, prescale)
+                    parts.append(part)
+                reduced = flat_out[a:z]
+                combine(reduced, parts[0], parts[1], op)
+                for part in parts[2:]:
+                    reduce_into(reduced, part, op)
+                scale_inplace(reduced, postscale)
+                for step in range(1, self.size):
+                    r = (self.rank + step) % self.size
+                    self._cross(r, cma.write, where[r][0], outputs[r] + a * itemsize, reduced)
+        self.comm.barrier()
+        if staged:
+            np.copyto(out, flat_out.reshape(out.shape))
 
     def _cross(self, peer: int, copy, *args) -> None:
         """One cross-memory copy with ``peer``; a failure (the peer exited) is reported as the peer lost."""

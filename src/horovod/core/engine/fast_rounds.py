@@ -63,7 +63,7 @@ import numpy as np
 from horovod.backends import cma, doorbell, spin
 from horovod.backends.blocks import split_counts
 from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import DIRECT_PIECE_BYTES, FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
 from horovod.core.controller.messages import Request
@@ -102,7 +102,6 @@ DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 1
 # second on the reference VM, so below that the slots' two cache-hot copies are faster; above, a direct round in
 # pieces of DIRECT_PIECE_BYTES (read, reduced and written while in the cache) beat the data plane's chunks by
 # 1.2-1.4x at 64-256 MB (docs/benchmarks.md, issue 31).
-DIRECT_PIECE_BYTES = 2 << 20
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
