@@ -64,6 +64,11 @@ def setting(text: str) -> Tuple[Callable[[], None], Callable[[], None]]:
     return (lambda: setattr(module, name, changed)), (lambda: setattr(module, name, original))
 
 
+def _direct_rounds(rounds) -> int:
+    """Direct rounds run so far on this rank (none without fast rounds)."""
+    return rounds.direct if rounds is not None else 0
+
+
 def compare(peer: HorovodPeer, op: str, nbytes: int, apply: Callable[[], None],
             restore: Callable[[], None]) -> Dict[str, float]:
     """Medians (µs per call) and direct-round counts of side A (as it is) and B (changed) for one op and size."""
@@ -80,12 +85,12 @@ def compare(peer: HorovodPeer, op: str, nbytes: int, apply: Callable[[], None],
         peer.barrier()
         for _ in range(WARM_CALLS):
             run()
-        before = rounds.direct if rounds is not None else 0
+        before = _direct_rounds(rounds)
         start = time.perf_counter()
         for _ in range(calls):
             run()
         times[side].append((time.perf_counter() - start) / calls * 1e6)
-        direct[side] += (rounds.direct if rounds is not None else 0) - before
+        direct[side] += _direct_rounds(rounds) - before
     restore()
     a, b = statistics.median(times[0]), statistics.median(times[1])
     return {"a": a, "b": b, "direct_a": direct[0], "direct_b": direct[1], "ratio": b / a}

@@ -1,7 +1,7 @@
 """Reduction and scaling kernels on numpy buffers (each call releases the GIL inside numpy)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 import ml_dtypes
 import numpy as np
@@ -78,3 +78,43 @@ def scale_inplace(buf: np.ndarray, factor: float) -> None:
     """``buf *= factor`` with the same numbers as :func:`scaled_copy`."""
     if factor != 1.0:
         scaled_copy(buf, buf, factor)
+
+
+def reduce_pieces(rank: int, size: int, own: np.ndarray, out: np.ndarray, op: ReduceOp, prescale: float,
+                  postscale: float, piece: int, scratch: Callable[[int, int], np.ndarray],
+                  read: Callable[[int, int, np.ndarray], None],
+                  write: Optional[Callable[[int, int, np.ndarray], None]] = None) -> None:
+    """Reduce this rank's segment of a collective (``own``, its part of its own input) with every peer's
+    matching segment into ``out``, ``piece`` elements at a time: each piece is read from every peer, reduced
+    and (``write``) sent to every peer while it is in the cache. Parts are reduced in rank order with the data
+    plane's kernels (``combine`` of the first two, then ``reduce_into``), each scaled by ``prescale`` and the
+    result by ``postscale``, so the bits are the data plane's. ``size`` is at least 2.
+
+    ``read(peer, start, part)`` fills ``part`` with the peer's elements from ``start`` of the segment;
+    ``write(peer, start, reduced)`` puts a reduced piece into the peer's output; ``scratch(index, count)``
+    gives the ``index``-th of ``size`` reusable arrays of ``count`` elements (the last holds this rank's own
+    piece when it must be kept aside: scaled, or reduced into ``out`` before its turn, as an allreduce in
+    place on a rank from 2 on is, since the first combine writes before it reads ranks 2 and up)."""
+    own_aside = prescale != 1.0 or (rank >= 2 and np.may_share_memory(own, out))
+    for a in range(0, own.size, piece):
+        z = min(own.size, a + piece)
+        parts = []
+        for r in range(size):
+            if r == rank:
+                part = own[a:z]
+                if own_aside:
+                    part = scratch(size - 1, z - a)
+                    scaled_copy(part, own[a:z], prescale)
+            else:
+                part = scratch(r - (r > rank), z - a)
+                read(r, a, part)
+                scale_inplace(part, prescale)
+            parts.append(part)
+        reduced = out[a:z]
+        combine(reduced, parts[0], parts[1], op)
+        for part in parts[2:]:
+            reduce_into(reduced, part, op)
+        scale_inplace(reduced, postscale)
+        if write is not None:
+            for step in range(1, size):
+                write((rank + step) % size, a, reduced)

@@ -33,7 +33,7 @@ from horovod.backends import cma
 from horovod.backends.base import Backend
 from horovod.backends.blocks import offsets
 from horovod.backends.comm import Comm, PeerLostError
-from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
+from horovod.backends.reduce import combine, reduce_into, reduce_pieces, scaled_copy
 from horovod.common import config
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp
@@ -400,34 +400,19 @@ class ShmBackend(Backend):
         where = self._publish(flat_in, flat_out)
         outputs = self._output_addresses()
         lo, hi = _segment(flat_in.size, self.size, self.rank, itemsize)
-        own_aside = prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(flat_in[lo:hi], flat_out[lo:hi]))
         piece = max(1, DIRECT_PIECE_BYTES // itemsize)
-        parts_buf = self.scratch("direct-allreduce", self.size * min(piece, max(1, hi - lo)), flat_in.dtype)
+        parts = self.scratch("direct-allreduce", self.size * min(piece, max(1, hi - lo)), flat_in.dtype)
+
+        def read(r: int, start: int, part: np.ndarray) -> None:
+            self.progress = start * itemsize        # how far this rank got, for the data-plane watchdog
+            self._cross(r, cma.read, where[r][0], where[r][1] + (lo + start) * itemsize, part)
+
+        def write(r: int, start: int, reduced: np.ndarray) -> None:
+            self._cross(r, cma.write, where[r][0], outputs[r] + (lo + start) * itemsize, reduced)
+
         with activity("SHM_ALLREDUCE"):
-            for a in range(lo, hi, piece):
-                z = min(hi, a + piece)
-                self.progress = (a - lo) * itemsize
-                k = z - a
-                parts = []
-                for r in range(self.size):
-                    part = parts_buf[r * k:(r + 1) * k]
-                    if r == self.rank:
-                        if own_aside:
-                            scaled_copy(part, flat_in[a:z], prescale)
-                        else:
-                            part = flat_in[a:z]
-                    else:
-                        self._cross(r, cma.read, where[r][0], where[r][1] + a * itemsize, part)
-                        scale_inplace(part, prescale)
-                    parts.append(part)
-                reduced = flat_out[a:z]
-                combine(reduced, parts[0], parts[1], op)
-                for part in parts[2:]:
-                    reduce_into(reduced, part, op)
-                scale_inplace(reduced, postscale)
-                for step in range(1, self.size):
-                    r = (self.rank + step) % self.size
-                    self._cross(r, cma.write, where[r][0], outputs[r] + a * itemsize, reduced)
+            reduce_pieces(self.rank, self.size, flat_in[lo:hi], flat_out[lo:hi], op, prescale, postscale, piece,
+                          lambda i, n: parts[i * n:(i + 1) * n], read, write)
         self.comm.barrier()
         if staged:
             np.copyto(out, flat_out.reshape(out.shape))

@@ -62,7 +62,7 @@ import numpy as np
 
 from horovod.backends import cma, doorbell, spin
 from horovod.backends.blocks import split_counts
-from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
+from horovod.backends.reduce import combine, reduce_into, reduce_pieces, scale_inplace, scaled_copy
 from horovod.backends.shm import DIRECT_PIECE_BYTES, FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
@@ -482,34 +482,18 @@ class FastRounds:
             lo, count = sum(counts[:self.rank]), counts[self.rank]
             out = posted_output
             segment = out.reshape(-1)[lo:lo + count]
-        prescale = float(request.prescale)
-        own = flat_in[lo:lo + count]
-        # Reduced into the output before its turn: an allreduce in place on a rank from 2 on (ranks 0 and 1 are
-        # both read by the first combine, before it writes).
-        own_first = prescale != 1.0 or (self.rank >= 2 and np.may_share_memory(own, segment))
         outputs = [int(w[OUT_ADDRESS + b]) for w in self.words] if request.rtype == _ALLREDUCE else None
-        piece = max(1, DIRECT_PIECE_BYTES // itemsize)
-        for a in range(0, count, piece):
-            z = min(count, a + piece)
-            mine = own[a:z]
-            if own_first:
-                mine = self._scratch_part(self.size - 1, z - a, dtype)      # the last part is this rank's
-                scaled_copy(mine, own[a:z], prescale)
-            parts = []
-            for r in range(self.size):
-                if r == self.rank:
-                    parts.append(mine)
-                    continue
-                part = self._scratch_part(r - (r > self.rank), z - a, dtype)
-                self._cross(r, cma.read, addresses[r] + (lo + a) * itemsize, part, entry)
-                scale_inplace(part, prescale)
-                parts.append(part)
-            reduced = segment[a:z]
-            _reduce_in_order(request, reduced, parts)
-            if outputs is not None:
-                for step in range(1, self.size):
-                    r = (self.rank + step) % self.size
-                    self._cross(r, cma.write, outputs[r] + (lo + a) * itemsize, reduced, entry)
+
+        def read(r: int, start: int, part: np.ndarray) -> None:
+            self._cross(r, cma.read, addresses[r] + (lo + start) * itemsize, part, entry)
+
+        def write(r: int, start: int, reduced: np.ndarray) -> None:
+            self._cross(r, cma.write, outputs[r] + (lo + start) * itemsize, reduced, entry)
+
+        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
+        reduce_pieces(self.rank, self.size, flat_in[lo:lo + count], segment, op, float(request.prescale), postscale,
+                      max(1, DIRECT_PIECE_BYTES // itemsize), lambda i, n: self._scratch_part(i, n, dtype), read,
+                      write if outputs is not None else None)
         if request.rtype == _REDUCESCATTER:
             entry.output = out
 
