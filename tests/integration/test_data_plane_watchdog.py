@@ -15,10 +15,10 @@ import time
 import pytest
 
 from horovod.runner.process import FAILURE_HEADLINE
-from tests.support.launch import ROOT, horovodrun, mpirun, rank_lines
+from tests.support.freeze import CHUNKED_MIB, WORKER
+from tests.support.launch import horovodrun, mpirun, rank_lines
 from tests.support.timing import SLACK_S
 
-WORKER = str(ROOT / "tests" / "integration" / "workers" / "freeze.py")
 TIMEOUT = 120
 CHECK, SHUTDOWN = 2.0, 4.0
 # A log line's head: "[2026-11-27 14:37:41,857] [horovod WARNING rank 0] " (the engine's abort adds "rank 0: ").
@@ -32,8 +32,9 @@ STALLED = re.compile(r"Data plane stalled: rank (\d+) \(host [^)]*\) (has receiv
                      r"\[(\w+) plane\]")
 
 
-def run(np_, plane, tmp_path, env, mib=16, stop_after=2.0, seconds=60.0, timeout=TIMEOUT):
+def run(np_, plane, tmp_path, env, stop_after=2.0, seconds=60.0, timeout=TIMEOUT):
     stop_file = tmp_path / "stopped"
+    mib = CHUNKED_MIB if plane == "shm" else 16     # tests.support.freeze: the shm plane's chunked path
     full_env = {**SMALL_CHUNKS, **PLANES[plane], "STOP_FILE": str(stop_file), **env}
     return horovodrun(np_, [sys.executable, WORKER, str(mib), str(stop_after), str(seconds)], env=full_env,
                       timeout=timeout), stop_file

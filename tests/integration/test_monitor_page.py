@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from tests.support import browser
+from tests.support.freeze import CHUNKED_MIB, WORKER
 from tests.support.launch import ROOT, _job_env
 
-WORKER = str(ROOT / "tests" / "integration" / "workers" / "freeze.py")
 URL_LINE = re.compile(r"Live page of the job: (http://\S+)")
 SMALL_CHUNKS = {"HOROVOD_SHM_CHUNK_BYTES": "65536"}
 
@@ -145,7 +145,8 @@ def rank_row(driver, rank):
     return rows[0] if rows else None
 
 
-def wait_for(what, check, within):
+def wait_for(what, check, within, seen=None):
+    """Wait until ``check()`` holds; else fail with ``what`` and, from ``seen()``, what the page showed last."""
     end = time.monotonic() + within
     while time.monotonic() < end:
         try:
@@ -154,7 +155,13 @@ def wait_for(what, check, within):
         except Exception:       # a row redrawn between two lookups
             pass
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not seen within {within:.0f} s")
+    last = ""
+    if seen is not None:
+        try:
+            last = f"; last seen: {seen()}"
+        except Exception as exc:
+            last = f"; the page could not be read: {exc}"
+    raise AssertionError(f"{what}: not seen within {within:.0f} s{last}")
 
 
 @pytest.mark.slow
@@ -165,7 +172,7 @@ def test_the_page_in_a_browser_shows_a_stopped_rank_and_rank_0_waiting_for_it(tm
 
     stop_file = tmp_path / "stopped"
     env = {**SMALL_CHUNKS, "STOP_FILE": str(stop_file), "HOROVOD_STALL_CHECK_TIME_SECONDS": "2"}
-    with LiveJob(2, [sys.executable, WORKER, "4", "2", "8"], env, timeout=120) as job:
+    with LiveJob(2, [sys.executable, WORKER, str(CHUNKED_MIB), "2", "8"], env, timeout=120) as job:
         url = job.url()
         with browser.headless_chromium() as driver:
             driver.get(url)
@@ -174,7 +181,8 @@ def test_the_page_in_a_browser_shows_a_stopped_rank_and_rank_0_waiting_for_it(tm
             wait_for("rank 1 stopped", stop_file.exists, 45)
             wait_for("rank 1 not answering and rank 0 waiting for it",
                      lambda: rank_row(driver, 1).get_attribute("data-state") in ("stopped", "not answering")
-                     and rank_row(driver, 0).get_attribute("data-state") == "waiting", 30)
+                     and rank_row(driver, 0).get_attribute("data-state") == "waiting", 30,
+                     lambda: f"{[rank_row(driver, r).text for r in (0, 1)]}\n{job.output[-3000:]}")
             one, zero = rank_row(driver, 1).text, rank_row(driver, 0).text
             assert "no heartbeat for" in one and "stopped (SIGSTOP" in one, one
             assert "waiting" in zero and "for rank 1" in zero, zero

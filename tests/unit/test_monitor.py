@@ -132,6 +132,23 @@ def test_a_wait_grows_with_the_beats_age_only_while_nothing_completes(store, mon
     assert entry["waited_s"] >= 2.9 and entry["state"] == "waiting", entry
 
 
+def test_a_rank_whose_submitted_collective_completes_nowhere_is_shown_negotiating(store):
+    """Rank 0 submitted #101 and runs nothing: while its beats show progress it is in its own code; once two beats
+    show none, the coordinator is waiting for a rank that has not submitted it (a peer stopped between two
+    collectives), and the page says so instead of "running"."""
+    job = monitor.JobStatus(store, monitor.static_view(["a"]))
+    job.watch()
+    put_beat(store, 0, beat(10.0, done=50))
+    put_beat(store, 0, beat(11.0, done=100))
+    assert job.snapshot()["ranks"][0]["state"] == "running"
+    put_beat(store, 0, beat(12.0, done=100))
+    entry = job.snapshot()["ranks"][0]
+    assert entry["state"] == "negotiating" and entry["submitted_seq"] == 101, entry
+    assert entry["state_text"].startswith("negotiating collective #101: submitted, not yet submitted by every rank")
+    put_beat(store, 0, {**beat(13.0, done=100), rec.SUBMITTED: 100})     # all it submitted is done: idle
+    assert job.snapshot()["ranks"][0]["state"] == "running"
+
+
 def test_a_silent_rank_is_shown_not_answering_with_no_rate(store, monkeypatch):
     job = monitor.JobStatus(store, monitor.static_view(["a", "b"]))
     job.watch()

@@ -4,7 +4,9 @@ data plane: a blocking call this large would be a direct fast round, copied by t
 stops itself with SIGSTOP ``argv[2]`` seconds in, from another thread, at a moment when its engine thread waits
 for a peer early inside a collective (as a debugger attaching, or a wedged driver, would stop it). With small chunks
 (HOROVOD_SHM_CHUNK_BYTES, HOROVOD_TCP_CHUNK_BYTES) a collective has hundreds of such waits, so the others are
-all but sure to wait for it in the data plane, not between collectives. Before it stops, rank 1 writes "<wall time> <pid>" to
+all but sure to wait for it in the data plane, not between collectives. In the shm plane that needs a tensor below
+``horovod.backends.shm.DIRECT_ALLREDUCE_BYTES`` (:data:`tests.support.freeze.CHUNKED_MIB`): from there an allreduce
+is direct, with two waits, and a rank stopped in the last one has already told the others to go on. Before it stops, rank 1 writes "<wall time> <pid>" to
 ``$STOP_FILE``. With a negative ``argv[2]`` nothing stops (the test cuts a host off instead); rank 0 creates
 ``$STREAMING_FILE`` once the stream is under way.
 

@@ -22,7 +22,7 @@ PAGE = """<!DOCTYPE html>
   th { background: #f0f0f0; }
   td.num { text-align: right; font-variant-numeric: tabular-nums; }
   tr.state-running td.state, tr.state-in-collective td.state { background: #e6f4ea; }
-  tr.state-waiting td.state { background: #fff4ce; }
+  tr.state-waiting td.state, tr.state-negotiating td.state { background: #fff4ce; }
   tr.state-starting td.state { background: #eef; }
   tr.state-not-answering td.state, tr.state-stopped td.state, tr.state-exited td.state { background: #fde2e1; }
   pre { background: #f7f7f7; border: 1px solid #ddd; padding: .5em; overflow-x: auto; font-size: .85em; }

@@ -148,7 +148,7 @@ class JobStatus:
             entry["waited_s"] = _number(float(beat.get(rec.WAITING_S, 0.0)) + since, 1)
         if not stale and len(beats) == 2:
             entry.update(_rates(beats[0][1], beat))
-        entry.update(_state(entry, stale, age))
+        entry.update(_state(entry, stale, age, stuck))
         return entry
 
     def reports(self, now: float) -> List[dict]:
@@ -194,8 +194,9 @@ def _rates(older: dict, newer: dict) -> dict:
     return {"collectives_per_s": round(done / dt, 1), "bytes_per_s": round(nbytes / dt, 1)}
 
 
-def _state(entry: dict, stale: bool, age: float) -> dict:
-    """The rank's state: a short code (for the page's colours and for scripts) and a sentence."""
+def _state(entry: dict, stale: bool, age: float, stuck: bool = False) -> dict:
+    """The rank's state: a short code (for the page's colours and for scripts) and a sentence. ``stuck``: its
+    last two beats show no collective completed in between."""
     if stale:
         kernel = _proc_state(entry["host"], entry["pid"])
         text = f"not answering: no heartbeat for {age:.1f} s"
@@ -209,4 +210,9 @@ def _state(entry: dict, stale: bool, age: float) -> dict:
                                                   f"{entry['waiting_for']} in {entry['last_collective']}"}
     if entry["last_collective"] is not None:
         return {"state": "in collective", "state_text": f"in {entry['last_collective']}"}
+    submitted, done = entry["submitted_seq"], entry["last_completed_seq"]
+    if stuck and submitted is not None and done is not None and submitted > done:
+        # Submitted, none running, nothing completed: the coordinator waits for a rank that has not submitted it.
+        return {"state": "negotiating", "state_text": f"negotiating collective #{done + 1}: submitted, not yet "
+                                                      "submitted by every rank (the stall reports name the missing)"}
     return {"state": "running", "state_text": "running (in its own code between collectives)"}
