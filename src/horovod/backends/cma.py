@@ -20,6 +20,8 @@ from typing import Optional
 
 import numpy as np
 
+from horovod.backends import huge_pages
+
 STEP_BYTES = 8 << 20
 
 
@@ -90,6 +92,17 @@ def root_share(nbytes: int, size: int) -> int:
     """How a broadcast of ``nbytes`` among ``size`` ranks splits the copying evenly: the root writes this many
     leading bytes (about 1/size, in whole pages) into every peer, and each peer reads the rest from the root."""
     return nbytes // size // 4096 * 4096
+
+
+def shared_address(array: np.ndarray, besides: int = 0) -> int:
+    """:func:`address` of an array that peers are about to copy from or into, after asking for huge pages under
+    it when it is large and seen again (:func:`horovod.backends.huge_pages.prefer`: the copies move 2 MB pages
+    faster). ``besides``: the address of an array of the same op already asked for (an output that is the input
+    counts once)."""
+    where = address(array)
+    if where != besides:
+        huge_pages.prefer(array, where)
+    return where
 
 
 def read(pid: int, remote: int, dst: np.ndarray) -> None:

@@ -374,9 +374,10 @@ class ShmBackend(Backend):
         records are not overwritten by a next op before every rank has read them here.
         """
         mine = self.seg.record(self.rank)
-        mine[ADDRESS], mine[NBYTES] = cma.address(array), array.nbytes
+        at = cma.shared_address(array)
+        mine[ADDRESS], mine[NBYTES] = at, array.nbytes
         if output is not None:
-            mine[OUT_ADDRESS] = cma.address(output)
+            mine[OUT_ADDRESS] = cma.shared_address(output, besides=at)
         self.comm.barrier()
         return [(int(rec[PID]), int(rec[ADDRESS])) for rec in map(self.seg.record, range(self.size))]
 

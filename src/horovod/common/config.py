@@ -150,9 +150,14 @@ _KNOBS = [
     Knob("HOROVOD_SHM_CROSS_MEMORY", parse_bool, True,
          "Large broadcasts, and allgathers with a 4-32 MiB output, on one host copy once, straight between the "
          "ranks' buffers (process_vm_readv/writev, used where the kernel allows it), as do blocking broadcasts "
-         "from 128 KiB, allgathers from 512 KiB per rank, and allreduces and reducescatters up to 16 MiB that "
-         "the slots cannot take, in fast rounds; 0 keeps them on the shared-memory slots.",
+         "from 128 KiB, allgathers from 512 KiB per rank, and allreduces and reducescatters that the slots "
+         "cannot take, in fast rounds, and the shm plane's allreduces of one tensor from 4 MiB; 0 keeps them on "
+         "the shared-memory slots.",
          ours=True),
+    Knob("HOROVOD_HUGE_PAGES", parse_bool, True,
+         "A buffer of 4 MiB or more that cross-memory copies read or write a second time has its whole 2 MiB pages "
+         "collapsed into huge pages (MADV_COLLAPSE, Linux 6.1+; the contents unchanged), which such copies move "
+         "faster; 0 leaves the pages as they are.", ours=True),
     Knob("HOROVOD_CUDA_IPC", parse_bool, True,
          "CUDA tensors of a job whose ranks share one host are exchanged between the ranks' GPU memory through "
          "CUDA IPC and reduced on the GPU (docs/gpu.md); 0 stages them through host memory instead. Set it alike "

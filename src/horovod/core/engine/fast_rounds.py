@@ -288,11 +288,11 @@ class FastRounds:
         mine = self.words[self.rank]
         if key.endswith(DIRECT_MARK):
             self._posted_array = posted = self._direct_array(entry)
-            mine[ADDRESS + b] = cma.address(posted)
+            mine[ADDRESS + b] = at = cma.shared_address(posted)
             if request.rtype == _ALLREDUCE:
                 out = entry.output
                 self._posted_output = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-                mine[OUT_ADDRESS + b] = cma.address(self._posted_output)
+                mine[OUT_ADDRESS + b] = cma.shared_address(self._posted_output, besides=at)
         elif request.rtype != _BROADCAST or self.ranks.index(request.root) == self.rank:
             scaled_copy(self._slot_views(b, 0, tensor.nbytes, tensor.dtype)[self.rank], tensor,
                         float(request.prescale))      # a broadcast's others send nothing

@@ -1,0 +1,152 @@
+"""Huge pages under the buffers that cross-memory copies move (horovod.backends.huge_pages): a large buffer is
+collapsed the second time a direct copy publishes it, once, and the kernel's refusals make it stop asking.
+
+The kernel's answer is real in the first test (this VM's kernel has MADV_COLLAPSE; /proc/self/smaps shows the
+huge pages); the others count the calls through a stand-in for madvise.
+"""
+import errno
+import re
+
+import numpy as np
+import pytest
+
+from horovod.backends import cma, huge_pages, shm
+from tests.unit import test_tcp_algorithms as algorithms
+from tests.unit.test_tcp_algorithms import run_ranks
+
+shm_group = algorithms.shm_group
+MB = 1 << 20
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A clean slate: nothing seen, no refusals, enabled unless a test says otherwise."""
+    monkeypatch.setattr(huge_pages, "_seen", huge_pages.collections.OrderedDict())
+    monkeypatch.setattr(huge_pages, "_refusals", 0)
+    monkeypatch.setattr(huge_pages, "_enabled", None)
+    monkeypatch.delenv("HOROVOD_HUGE_PAGES", raising=False)
+
+
+@pytest.fixture
+def asked(fresh, monkeypatch):
+    """Replaces madvise: records each (start, length, advice) and answers 0, or ``answer["errno"]``."""
+    calls, answer = [], {"errno": 0}
+
+    def madvise(start, length, advice):
+        calls.append((start, length, advice))
+        if answer["errno"]:
+            huge_pages.ctypes.set_errno(answer["errno"])
+            return -1
+        return 0
+
+    monkeypatch.setattr(huge_pages, "_MADVISE", madvise)
+    return calls, answer
+
+
+def small_pages(nbytes):
+    """An array in 4 KB pages (numpy asks for huge pages on its own from 4 MB: not here)."""
+    from numpy._core import multiarray
+
+    before = multiarray._get_madvise_hugepage()
+    multiarray._set_madvise_hugepage(False)
+    try:
+        return np.ones(nbytes // 4, np.float32)
+    finally:
+        multiarray._set_madvise_hugepage(before)
+
+
+def huge_kb(address, nbytes):
+    """AnonHugePages (KB) of the mappings that overlap [address, address + nbytes), from /proc/self/smaps."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) < address + nbytes and address < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                total += int(line.split()[1])
+    return total
+
+
+def test_whole_pages_are_the_aligned_2mb_pages_inside_the_buffer():
+    H = huge_pages.HUGE_PAGE
+    assert huge_pages.whole_pages(H, 2 * H) == (H, 3 * H)
+    assert huge_pages.whole_pages(H + 1, 3 * H) == (2 * H, 4 * H)
+    assert huge_pages.whole_pages(H + 1, H) is None
+
+
+def test_a_buffer_seen_twice_is_collapsed_by_the_kernel(fresh):
+    array = small_pages(16 * MB)
+    at = cma.address(array)
+    if huge_kb(at, array.nbytes):
+        pytest.skip("this kernel gives huge pages unasked (transparent_hugepage=always): no change to see")
+    huge_pages.prefer(array, at)
+    assert huge_kb(at, array.nbytes) == 0                   # seen once: maybe a buffer for one call only
+    huge_pages.prefer(array, at)
+    if huge_pages._refusals:
+        pytest.skip("this kernel does not collapse pages on request (MADV_COLLAPSE needs Linux 6.1)")
+    start, end = huge_pages.whole_pages(at, array.nbytes)
+    assert huge_kb(at, array.nbytes) >= (end - start) // 1024, "the whole 2 MB pages were not collapsed"
+    np.testing.assert_array_equal(array, 1.0)                 # the contents are the same
+
+
+def test_each_range_is_asked_once_on_its_second_sighting_and_small_ones_never(asked):
+    calls, _ = asked
+    big, small = small_pages(8 * MB), np.ones(MB // 4, np.float32)
+    for _ in range(5):
+        huge_pages.prefer(big, cma.address(big))
+        huge_pages.prefer(small, cma.address(small))
+    start, end = huge_pages.whole_pages(cma.address(big), big.nbytes)
+    assert calls == [(start, end - start, huge_pages.MADV_COLLAPSE)]
+
+
+def test_permission_errors_stop_it_at_once_and_other_refusals_after_a_run(asked):
+    calls, answer = asked
+    arrays = [small_pages(6 * MB) for _ in range(huge_pages.MAX_REFUSALS + 2)]
+    answer["errno"] = errno.EAGAIN
+    for a in arrays[:huge_pages.MAX_REFUSALS - 1]:
+        for _ in range(2):
+            huge_pages.prefer(a, cma.address(a))
+    assert len(calls) == huge_pages.MAX_REFUSALS - 1 and huge_pages.enabled()
+    answer["errno"] = 0                                         # one success: the run starts again
+    a = arrays[huge_pages.MAX_REFUSALS - 1]
+    huge_pages.prefer(a, cma.address(a))
+    huge_pages.prefer(a, cma.address(a))
+    assert huge_pages._refusals == 0
+    answer["errno"] = errno.EPERM
+    for a in arrays[huge_pages.MAX_REFUSALS:]:
+        for _ in range(2):
+            huge_pages.prefer(a, cma.address(a))
+    assert len(calls) == huge_pages.MAX_REFUSALS + 1 and not huge_pages.enabled()
+
+
+def test_the_knob_turns_it_off(asked, monkeypatch):
+    calls, _ = asked
+    monkeypatch.setenv("HOROVOD_HUGE_PAGES", "0")
+    big = small_pages(8 * MB)
+    for _ in range(3):
+        huge_pages.prefer(big, cma.address(big))
+    assert calls == []
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_direct_allreduce_asks_for_its_input_and_output_from_their_second_op(shm_group, asked, in_place):
+    """Two ranks (threads), an allreduce of one 8 MB tensor (direct): the first op asks nothing; the second asks
+    once per distinct buffer of each rank (an output that is the input counts once); a third asks nothing."""
+    calls, _ = asked
+    backends = shm_group(2)
+    assert all(b.direct for b in backends)
+    tensors = [small_pages(shm.DIRECT_ALLREDUCE_BYTES * 2) for _ in range(2)]
+    outputs = tensors if in_place else [small_pages(shm.DIRECT_ALLREDUCE_BYTES * 2) for _ in range(2)]
+
+    def op(r):
+        backends[r].allreduce([tensors[r]], [outputs[r]], algorithms.ReduceOp.MAX)
+
+    per_op = []
+    for _ in range(3):
+        before = len(calls)
+        run_ranks(2, op)
+        per_op.append(len(calls) - before)
+    assert per_op == [0, 2 if in_place else 4, 0], per_op
+    buffers = {huge_pages.whole_pages(cma.address(a), a.nbytes)[0] for a in [*tensors, *outputs]}
+    assert {start for start, _, _ in calls} == buffers
