@@ -4,7 +4,10 @@ collapsed the second time a direct copy publishes it, once, and the kernel's ref
 The kernel's answer is real in the first test (this VM's kernel has MADV_COLLAPSE; /proc/self/smaps shows the
 huge pages); the others count the calls through a stand-in for madvise.
 """
+import ctypes
 import errno
+import mmap
+import os
 import re
 
 import numpy as np
@@ -16,6 +19,8 @@ from tests.unit.test_tcp_algorithms import run_ranks
 
 shm_group = algorithms.shm_group
 MB = 1 << 20
+PAGE = mmap.PAGESIZE
+PROT_NONE = 0
 
 
 @pytest.fixture
@@ -75,8 +80,35 @@ def test_whole_pages_are_the_aligned_2mb_pages_inside_the_buffer():
     assert huge_pages.whole_pages(H + 1, H) is None
 
 
-def test_a_buffer_seen_twice_is_collapsed_by_the_kernel(fresh):
-    array = small_pages(16 * MB)
+@pytest.fixture
+def mapping():
+    """``make(nbytes)``: float32 ones in a mapping of their own between two inaccessible pages, so that the kernel
+    cannot merge it with a neighbour and /proc/self/smaps shows its pages alone; unmapped afterwards."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    made = []
+
+    def make(nbytes):
+        total = nbytes + 2 * PAGE
+        base = libc.mmap(None, total, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        assert base not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        made.append((base, total))
+        assert libc.mprotect(base, PAGE, PROT_NONE) == 0
+        assert libc.mprotect(base + PAGE + nbytes, PAGE, PROT_NONE) == 0
+        array = np.ctypeslib.as_array((ctypes.c_float * (nbytes // 4)).from_address(base + PAGE))
+        array[:] = 1.0
+        return array
+
+    yield make
+    for base, total in made:
+        libc.munmap(base, total)
+
+
+def test_a_buffer_seen_twice_is_collapsed_by_the_kernel(fresh, mapping):
+    array = mapping(16 * MB)
     at = cma.address(array)
     if huge_kb(at, array.nbytes):
         pytest.skip("this kernel gives huge pages unasked (transparent_hugepage=always): no change to see")
@@ -86,7 +118,7 @@ def test_a_buffer_seen_twice_is_collapsed_by_the_kernel(fresh):
     if huge_pages._refusals:
         pytest.skip("this kernel does not collapse pages on request (MADV_COLLAPSE needs Linux 6.1)")
     start, end = huge_pages.whole_pages(at, array.nbytes)
-    assert huge_kb(at, array.nbytes) >= (end - start) // 1024, "the whole 2 MB pages were not collapsed"
+    assert huge_kb(at, array.nbytes) == (end - start) // 1024, "the whole 2 MB pages were not collapsed"
     np.testing.assert_array_equal(array, 1.0)                 # the contents are the same
 
 
