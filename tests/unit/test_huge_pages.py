@@ -1,5 +1,6 @@
 """Huge pages under the buffers that cross-memory copies move (horovod.backends.huge_pages): a large buffer is
-collapsed the second time a direct copy publishes it, once, and the kernel's refusals make it stop asking.
+collapsed the second time a direct copy publishes it (and asked again at the 4th, 8th...), and the kernel's
+refusals make it stop asking.
 
 The kernel's answer is real in the first test (this VM's kernel has MADV_COLLAPSE; /proc/self/smaps shows the
 huge pages); the others count the calls through a stand-in for madvise.
@@ -122,34 +123,51 @@ def test_a_buffer_seen_twice_is_collapsed_by_the_kernel(fresh, mapping):
     np.testing.assert_array_equal(array, 1.0)                 # the contents are the same
 
 
-def test_each_range_is_asked_once_on_its_second_sighting_and_small_ones_never(asked):
+def test_a_range_is_asked_at_its_2nd_4th_8th_sighting_and_small_ones_never(asked):
     calls, _ = asked
     big, small = small_pages(8 * MB), np.ones(MB // 4, np.float32)
-    for _ in range(5):
+    asked_at = []
+    for sighting in range(1, 41):
+        before = len(calls)
         huge_pages.prefer(big, cma.address(big))
         huge_pages.prefer(small, cma.address(small))
+        asked_at += [sighting] * (len(calls) - before)
+    assert asked_at == [2, 4, 8, 16, 32]
     start, end = huge_pages.whole_pages(cma.address(big), big.nbytes)
-    assert calls == [(start, end - start, huge_pages.MADV_COLLAPSE)]
+    assert set(calls) == {(start, end - start, huge_pages.MADV_COLLAPSE)}
 
 
 def test_permission_errors_stop_it_at_once_and_other_refusals_after_a_run(asked):
     calls, answer = asked
     arrays = [small_pages(6 * MB) for _ in range(huge_pages.MAX_REFUSALS + 2)]
+
+    def twice(a):           # the second sighting asks
+        huge_pages.prefer(a, cma.address(a))
+        huge_pages.prefer(a, cma.address(a))
+
     answer["errno"] = errno.EAGAIN
     for a in arrays[:huge_pages.MAX_REFUSALS - 1]:
-        for _ in range(2):
-            huge_pages.prefer(a, cma.address(a))
+        twice(a)
     assert len(calls) == huge_pages.MAX_REFUSALS - 1 and huge_pages.enabled()
     answer["errno"] = 0                                         # one success: the run starts again
-    a = arrays[huge_pages.MAX_REFUSALS - 1]
-    huge_pages.prefer(a, cma.address(a))
-    huge_pages.prefer(a, cma.address(a))
+    twice(arrays[huge_pages.MAX_REFUSALS - 1])
     assert huge_pages._refusals == 0
+    answer["errno"] = errno.EAGAIN
+    for a in arrays[:huge_pages.MAX_REFUSALS]:                  # their 3rd and 4th sightings: asked again at the 4th
+        twice(a)
+    assert len(calls) == 2 * huge_pages.MAX_REFUSALS and not huge_pages.enabled()
+    twice(arrays[-1])
+    assert len(calls) == 2 * huge_pages.MAX_REFUSALS            # stopped asking
+
+
+def test_a_permission_error_stops_it_at_once(asked):
+    calls, answer = asked
     answer["errno"] = errno.EPERM
-    for a in arrays[huge_pages.MAX_REFUSALS:]:
-        for _ in range(2):
-            huge_pages.prefer(a, cma.address(a))
-    assert len(calls) == huge_pages.MAX_REFUSALS + 1 and not huge_pages.enabled()
+    arrays = [small_pages(6 * MB) for _ in range(2)]
+    for a in arrays:
+        huge_pages.prefer(a, cma.address(a))
+        huge_pages.prefer(a, cma.address(a))
+    assert len(calls) == 1 and not huge_pages.enabled()
 
 
 def test_the_knob_turns_it_off(asked, monkeypatch):
@@ -164,7 +182,8 @@ def test_the_knob_turns_it_off(asked, monkeypatch):
 @pytest.mark.parametrize("in_place", [True, False])
 def test_a_direct_allreduce_asks_for_its_input_and_output_from_their_second_op(shm_group, asked, in_place):
     """Two ranks (threads), an allreduce of one 8 MB tensor (direct): the first op asks nothing; the second asks
-    once per distinct buffer of each rank (an output that is the input counts once); a third asks nothing."""
+    once per distinct buffer of each rank (an output that is the input counts once); the third nothing, the
+    fourth again."""
     calls, _ = asked
     backends = shm_group(2)
     assert all(b.direct for b in backends)
@@ -175,10 +194,11 @@ def test_a_direct_allreduce_asks_for_its_input_and_output_from_their_second_op(s
         backends[r].allreduce([tensors[r]], [outputs[r]], algorithms.ReduceOp.MAX)
 
     per_op = []
-    for _ in range(3):
+    for _ in range(4):
         before = len(calls)
         run_ranks(2, op)
         per_op.append(len(calls) - before)
-    assert per_op == [0, 2 if in_place else 4, 0], per_op
+    buffers = 2 if in_place else 4
+    assert per_op == [0, buffers, 0, buffers], per_op
     buffers = {huge_pages.whole_pages(cma.address(a), a.nbytes)[0] for a in [*tensors, *outputs]}
     assert {start for start, _, _ in calls} == buffers

@@ -7,8 +7,11 @@ CPU allocator does not, and a training loop allreduces the same gradient buffers
 
 :func:`prefer` therefore asks the kernel to collapse a large buffer's whole 2 MB pages into huge pages
 (``MADV_COLLAPSE``, Linux 6.1+: synchronous, the contents unchanged, independent of the system's THP setting)
-the second time it sees the buffer, so that a buffer allocated for one call only costs nothing, and never again
-for that range. Where the kernel refuses (older kernels, memory that is not anonymous, none to compact) nothing
+the second time it sees the buffer's range, and again at the 4th, 8th, 16th... sighting: a buffer allocated for
+one call costs nothing; asking again where the pages are huge already costs microseconds; a range that a new
+buffer took over after an earlier one was collapsed (the module knows ranges, not allocations) is collapsed
+again within as many calls as it has seen; and a program that allocates a fresh buffer at the same address
+every call pays a collapse only at those powers of two. Where the kernel refuses (older kernels, memory that is not anonymous, none to compact) nothing
 changes: the copies are as correct on 4 KB pages, only slower; refused too often in a row, it stops asking.
 ``HOROVOD_HUGE_PAGES=0`` turns it off.
 """
@@ -32,7 +35,6 @@ log = logging.getLogger(__name__)
 HUGE_PAGE = 2 << 20
 FROM_BYTES = 4 << 20        # smaller buffers span at most one whole huge page: not worth a system call
 MADV_COLLAPSE = 25
-SEEN_BEFORE_COLLAPSE = 2    # a buffer is collapsed the second time a direct copy publishes it
 MAX_RANGES = 4096           # ranges remembered (oldest forgotten first)
 MAX_REFUSALS = 8            # refusals in a row (no success between) after which it stops asking
 
@@ -71,8 +73,9 @@ def whole_pages(address: int, nbytes: int) -> Optional[Tuple[int, int]]:
 
 
 def prefer(array: np.ndarray, address: int) -> None:
-    """Ask for huge pages under ``array`` (C-contiguous, first byte at ``address``), the second time it comes
-    here: see the module's docstring. Cheap when there is nothing to do (a size check or a dict lookup)."""
+    """Ask for huge pages under ``array`` (C-contiguous, first byte at ``address``) at the 2nd, 4th, 8th...
+    time its range comes here: see the module's docstring. Cheap when there is nothing to do (a size check or a
+    dict lookup)."""
     global _refusals
     if array.nbytes < FROM_BYTES or not enabled():
         return
@@ -80,22 +83,19 @@ def prefer(array: np.ndarray, address: int) -> None:
     if pages is None:
         return
     with _lock:
-        seen = _seen.get(pages, 0)
-        if seen >= SEEN_BEFORE_COLLAPSE:
-            return
-        _seen[pages] = seen + 1
+        seen = _seen[pages] = _seen.get(pages, 0) + 1
         _seen.move_to_end(pages)
         while len(_seen) > MAX_RANGES:
             _seen.popitem(last=False)
-        if seen + 1 < SEEN_BEFORE_COLLAPSE:
-            return
+    if seen < 2 or seen & (seen - 1):       # asked at the 2nd, 4th, 8th... sighting
+        return
     start, end = pages
     if _MADVISE(start, end - start, MADV_COLLAPSE) == 0:
         _refusals = 0
         return
     code = ctypes.get_errno()
     # EPERM, ENOSYS: never here. EINVAL: a kernel without MADV_COLLAPSE, or memory that is not anonymous (a file
-    # mapping); EAGAIN, ENOMEM: not now. The range is not asked again either way.
+    # mapping); EAGAIN, ENOMEM: not now. Either way the range is asked again at its next power of two.
     _refusals = MAX_REFUSALS if code in (errno.EPERM, errno.ENOSYS) else _refusals + 1
     log.debug("huge pages: MADV_COLLAPSE of %d bytes refused (%s)%s", end - start, os.strerror(code),
               "; no more asked in this process" if _refusals >= MAX_REFUSALS else "")

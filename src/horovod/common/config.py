@@ -156,8 +156,9 @@ _KNOBS = [
          ours=True),
     Knob("HOROVOD_HUGE_PAGES", parse_bool, True,
          "A buffer of 4 MiB or more that cross-memory copies read or write a second time has its whole 2 MiB pages "
-         "collapsed into huge pages (MADV_COLLAPSE, Linux 6.1+; the contents unchanged), which such copies move "
-         "faster; 0 leaves the pages as they are.", ours=True),
+         "collapsed into huge pages (MADV_COLLAPSE, Linux 6.1+; the contents unchanged), asked again at its "
+         "range's 4th, 8th, 16th... use; such copies move huge pages faster. 0 leaves the pages as they are.",
+         ours=True),
     Knob("HOROVOD_CUDA_IPC", parse_bool, True,
          "CUDA tensors of a job whose ranks share one host are exchanged between the ranks' GPU memory through "
          "CUDA IPC and reduced on the GPU (docs/gpu.md); 0 stages them through host memory instead. Set it alike "
