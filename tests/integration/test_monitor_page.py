@@ -1,5 +1,5 @@
 """The live page of a running job (horovodrun --monitor-port 0): its JSON while ranks stream collectives, every
-rank's stack on request, and, in a real headless browser (Debian's Chromium through Selenium), one row per rank
+rank's stack on request, rank 0 naming a rank stopped between collectives, and, in a real headless browser (Debian's Chromium through Selenium), one row per rank
 and a rank stopped with SIGSTOP shown as not answering while rank 0 waits for it.
 
 The worker is tests/integration/workers/freeze.py (allreduces back to back; rank 1 stops itself inside one when
@@ -136,6 +136,24 @@ def test_status_lists_every_rank_with_rising_sequence_numbers_and_stacks_come_fr
         for s in stacks:
             assert s["text"].startswith(f"Rank {s['rank']}'s Python stack") and "freeze.py" in s["text"], s
         assert job.wait() == 0, job.output[-3000:]
+
+
+def test_a_rank_stopped_between_collectives_is_named_by_rank_0_negotiating(tmp_path):
+    """Rank 1 stops before it submits the next allreduce: rank 0's row says which tensor waits for which rank."""
+    stop_file = tmp_path / "stopped"
+    worker = str(ROOT / "tests" / "integration" / "workers" / "stop_between.py")
+    with LiveJob(2, [sys.executable, worker], {"STOP_FILE": str(stop_file)}, timeout=90) as job:
+        url = job.url()
+        wait_for("rank 1 stopped", stop_file.exists, 45)
+        status = poll(url, lambda s: s["ranks"][0]["state"] == "negotiating"
+                      and s["ranks"][1]["state"] in ("stopped", "not answering"), 30, "rank 0 negotiating")
+        zero, one = status["ranks"]
+        assert zero["missing_ranks"] == [1] and zero["negotiating"] == "allreduce.after.the.stop", zero
+        assert zero["state_text"].endswith("tensor 'allreduce.after.the.stop' waits for rank 1 to submit it"), zero
+        assert "stopped (SIGSTOP" in one["state_text"], one
+        os.kill(int(stop_file.read_text().split()[1]), signal.SIGCONT)
+        assert job.wait() == 0, job.output[-3000:]
+        assert job.output.count("RESULT ok") == 2, job.output[-3000:]
 
 
 def rank_row(driver, rank):

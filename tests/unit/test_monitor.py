@@ -149,6 +149,52 @@ def test_a_rank_whose_submitted_collective_completes_nowhere_is_shown_negotiatin
     assert job.snapshot()["ranks"][0]["state"] == "running"
 
 
+def test_rank_0_names_the_ranks_that_have_not_submitted_its_pending_tensor(store):
+    job = monitor.JobStatus(store, monitor.static_view(["a", "b", "c"]))
+    job.watch()
+    pending = {rec.NEGOTIATING: "allreduce.grad", rec.NEGOTIATING_S: 0.4, rec.MISSING: [1, 2]}
+    put_beat(store, 0, beat(10.0, done=7, **pending))
+    entry = job.snapshot()["ranks"][0]
+    assert entry["state"] == "running" and entry["missing_ranks"] == [1, 2], entry      # under a second: not yet
+    put_beat(store, 0, beat(11.0, done=7, **{**pending, rec.NEGOTIATING_S: 1.4}))
+    entry = job.snapshot()["ranks"][0]
+    assert entry["state"] == "negotiating" and entry["negotiating"] == "allreduce.grad", entry
+    assert entry["state_text"] == "negotiating 1.4 s: tensor 'allreduce.grad' waits for ranks 1, 2 to submit it"
+
+
+class FakeCoordinator:
+    def __init__(self, pending, joined=(), fail=False):
+        self.pending, self._joined, self.fail = pending, set(joined), fail
+
+    def pending_names(self):
+        if self.fail:
+            raise RuntimeError("dictionary changed size during iteration")
+        return self.pending
+
+    @property
+    def joined(self):
+        return self._joined
+
+
+class FakeEngine:
+    running = None
+    thread_ident = -1
+
+    def __init__(self, coordinator, ranks):
+        self.coordinator, self.ranks, self.size = coordinator, ranks, len(ranks)
+
+
+def test_the_heartbeat_carries_the_coordinators_oldest_pending_tensor_in_global_ranks():
+    now = time.monotonic()
+    # A process set of global ranks 2, 5, 7 and 9: positions 0 and 2 submitted 'b' (the oldest), 3 joined.
+    coordinator = FakeCoordinator([("a", now - 1.0, [0]), ("b", now - 3.0, [0, 2])], joined={3})
+    status = heartbeat._engine_status([FakeEngine(None, [0, 1]), FakeEngine(coordinator, [2, 5, 7, 9])])
+    assert status[rec.NEGOTIATING] == "b" and status[rec.MISSING] == [5], status
+    assert 2.9 < status[rec.NEGOTIATING_S] < 10, status
+    assert heartbeat._engine_status([FakeEngine(FakeCoordinator([]), [0, 1])]) == {}
+    assert heartbeat._engine_status([FakeEngine(FakeCoordinator([], fail=True), [0, 1])]) == {}
+
+
 def test_a_silent_rank_is_shown_not_answering_with_no_rate(store, monkeypatch):
     job = monitor.JobStatus(store, monitor.static_view(["a", "b"]))
     job.watch()

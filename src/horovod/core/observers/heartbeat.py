@@ -300,6 +300,27 @@ def _engine_status(engines: List) -> dict:
         if wait is not None:
             status.update({rec.WAITING_FOR: wait.peer, rec.WAITING_S: wait.quiet_for(now)})
         return status
+    return _negotiation(engines, now)
+
+
+def _negotiation(engines: List, now: float) -> dict:
+    """On a coordinator with nothing running: its oldest tensor that some ranks submitted and others did not, how
+    long it has been pending and the global ranks missing (read from the heartbeat's thread while the engine
+    thread changes the tables: a read that races with a change is skipped, the next beat reads again)."""
+    for engine in engines:
+        coordinator = getattr(engine, "coordinator", None)
+        if coordinator is None:
+            continue
+        try:
+            pending, joined = coordinator.pending_names(), coordinator.joined
+        except RuntimeError:        # a table changed size while it was read
+            return {}
+        if not pending:
+            continue
+        name, since, submitted = min(pending, key=lambda p: p[1])
+        missing = sorted(engine.ranks[r] for r in set(range(engine.size)) - set(submitted) - set(joined))
+        if missing:
+            return {rec.NEGOTIATING: name, rec.NEGOTIATING_S: max(0.0, now - since), rec.MISSING: missing}
     return {}
 
 

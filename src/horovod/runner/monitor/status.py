@@ -128,7 +128,8 @@ class JobStatus:
                  "state_text": "no heartbeat yet (starting, or not started by horovodrun)",
                  "last_collective": None, "running_s": None, "waiting_for": None, "waited_s": None,
                  "collectives_per_s": None, "bytes_per_s": None, "last_completed_seq": None,
-                 "submitted_seq": None, "completed": None, "heartbeat_age_s": None}
+                 "submitted_seq": None, "completed": None, "heartbeat_age_s": None, "negotiating": None,
+                 "negotiating_s": None, "missing_ranks": None}
         if not beats:
             return entry
         arrived, beat = beats[-1]
@@ -146,6 +147,9 @@ class JobStatus:
         if beat.get(rec.WAITING_FOR) is not None:
             entry["waiting_for"] = beat.get(rec.WAITING_FOR)
             entry["waited_s"] = _number(float(beat.get(rec.WAITING_S, 0.0)) + since, 1)
+        if beat.get(rec.NEGOTIATING) is not None:
+            entry.update(negotiating=beat.get(rec.NEGOTIATING), missing_ranks=beat.get(rec.MISSING),
+                         negotiating_s=_number(float(beat.get(rec.NEGOTIATING_S, 0.0)) + since, 1))
         if not stale and len(beats) == 2:
             entry.update(_rates(beats[0][1], beat))
         entry.update(_state(entry, stale, age, stuck))
@@ -210,6 +214,11 @@ def _state(entry: dict, stale: bool, age: float, stuck: bool = False) -> dict:
                                                   f"{entry['waiting_for']} in {entry['last_collective']}"}
     if entry["last_collective"] is not None:
         return {"state": "in collective", "state_text": f"in {entry['last_collective']}"}
+    if entry["missing_ranks"] and (entry["negotiating_s"] or 0.0) >= WAITING_SECONDS:
+        missing = entry["missing_ranks"]
+        who = f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+        return {"state": "negotiating", "state_text": f"negotiating {entry['negotiating_s']:.1f} s: tensor "
+                                                      f"'{entry['negotiating']}' waits for {who} to submit it"}
     submitted, done = entry["submitted_seq"], entry["last_completed_seq"]
     if stuck and submitted is not None and done is not None and submitted > done:
         # Submitted, none running, nothing completed: the coordinator waits for a rank that has not submitted it.
