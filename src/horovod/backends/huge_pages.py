@@ -11,9 +11,9 @@ the second time it sees the buffer's range, and again at the 4th, 8th, 16th... s
 one call costs nothing; asking again where the pages are huge already costs microseconds; a range that a new
 buffer took over after an earlier one was collapsed (the module knows ranges, not allocations) is collapsed
 again within as many calls as it has seen; and a program that allocates a fresh buffer at the same address
-every call pays a collapse only at those powers of two. Where the kernel refuses (older kernels, memory that is not anonymous, none to compact) nothing
-changes: the copies are as correct on 4 KB pages, only slower; refused too often in a row, it stops asking.
-``HOROVOD_HUGE_PAGES=0`` turns it off.
+every call pays a collapse only at those powers of two. Where the kernel refuses (older kernels, memory that is
+not anonymous, none to compact) nothing changes: the copies are as correct on 4 KB pages, only slower; refused
+too often in a row, it stops asking. ``HOROVOD_HUGE_PAGES=0`` turns it off.
 """
 from __future__ import annotations
 

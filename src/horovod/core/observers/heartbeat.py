@@ -318,7 +318,7 @@ def _negotiation(engines: List, now: float) -> dict:
         if not pending:
             continue
         name, since, submitted = min(pending, key=lambda p: p[1])
-        missing = sorted(engine.ranks[r] for r in set(range(engine.size)) - set(submitted) - set(joined))
+        missing = sorted(engine.ranks[r] for r in set(range(engine.size)) - set(submitted) - joined)
         if missing:
             return {rec.NEGOTIATING: name, rec.NEGOTIATING_S: max(0.0, now - since), rec.MISSING: missing}
     return {}
