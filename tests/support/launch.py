@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import psutil
 
@@ -115,7 +115,7 @@ def require_mpi() -> str:
 
 
 def mpirun(np: int, command: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 120.0,
-           extra_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+           extra_args: Sequence[str] = (), job: Optional[str] = None) -> subprocess.CompletedProcess:
     """Launch ``command`` on ``np`` ranks with Open MPI's ``mpirun`` (output tagged ``[1,<rank>]<stdout>: ``).
 
     Every key of ``env`` and PYTHONPATH are exported to the ranks with ``-x``. Skips the calling test when
@@ -128,7 +128,21 @@ def mpirun(np: int, command: Sequence[str], env: Optional[Dict[str, str]] = None
     for key in ["PYTHONPATH", *sorted(env or {})]:
         args += ["-x", key]
     args += list(extra_args) + list(command)
-    return _run_job(args, _job_env(env), timeout, f"{np}-rank mpirun job", command)
+    job = job or f"{' '.join(Path(str(c)).name for c in command[1:])} at {np} ranks under mpirun"
+    return _launched(lambda: _run_job(args, _job_env(env), timeout, f"{np}-rank mpirun job", command), job)
+
+
+def _launched(launch: Callable[[], subprocess.CompletedProcess], job: str,
+              retried: List[str] = RETRIED) -> subprocess.CompletedProcess:
+    """Run ``launch`` (a job under Open MPI's runtime), and once more when that runtime failed to start its PMIx
+    server before any rank ran: it does, rarely, on a loaded machine (seen in CI under ``mpirun`` directly and
+    under ``horovodrun --mpi``), and that is not the code under test. The retry is recorded in ``retried``."""
+    result = launch()
+    if PMIX_START_FAILURE in result.stdout:
+        retried.append(f"{job}: {PMIX_START_FAILURE}")
+        log.warning("launching again: %s", retried[-1])
+        result = launch()
+    return result
 
 
 def _dump_and_kill(proc: subprocess.Popen) -> str:
@@ -173,26 +187,19 @@ def run_parallel_tests(np: int, test_file, hosts: Optional[str] = None, env: Opt
     files = [test_file] if isinstance(test_file, str) else list(test_file)
     command = [python or sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--color=no",
                *[str(PARALLEL / f) for f in files], *pytest_args]
-    for attempt in range(2):
-        if launcher == "mpirun":
-            if hosts:
-                raise ValueError("run_parallel_tests(launcher='mpirun') runs on this host only")
-            result = mpirun(np, command, env=env, timeout=timeout)
-        elif launcher == "horovodrun-mpi":
-            require_mpi()
-            path = os.pathsep.join(filter(None, [os.path.dirname(find_mpirun()), os.environ.get("PATH")]))
-            result = horovodrun(np, command, hosts=hosts, extra_args=["--mpi"], env={"PATH": path, **(env or {})},
-                                timeout=timeout)
-        else:
-            result = horovodrun(np, command, hosts=hosts, env=env, timeout=timeout, python=python)
-        # Open MPI's runtime occasionally fails to start its PMIx server on a loaded machine, before any rank
-        # runs (seen once in CI); that is not the code under test, so the launch is tried once more.
-        if attempt == 0 and launcher != "horovodrun" and PMIX_START_FAILURE in result.stdout:
-            RETRIED.append(f"{' '.join(files)} at {np} ranks under {launcher}: {PMIX_START_FAILURE}")
-            log.warning("launching again: %s", RETRIED[-1])
-            continue
-        break
     name = " ".join(files)
+    if launcher == "mpirun":
+        if hosts:
+            raise ValueError("run_parallel_tests(launcher='mpirun') runs on this host only")
+        result = mpirun(np, command, env=env, timeout=timeout, job=f"{name} at {np} ranks under {launcher}")
+    elif launcher == "horovodrun-mpi":
+        require_mpi()
+        path = os.pathsep.join(filter(None, [os.path.dirname(find_mpirun()), os.environ.get("PATH")]))
+        result = _launched(lambda: horovodrun(np, command, hosts=hosts, extra_args=["--mpi"],
+                                              env={"PATH": path, **(env or {})}, timeout=timeout),
+                           f"{name} at {np} ranks under {launcher}")
+    else:
+        result = horovodrun(np, command, hosts=hosts, env=env, timeout=timeout, python=python)
     assert result.returncode == 0, (f"{name} failed at {np} ranks under {launcher} (exit {result.returncode}):\n"
                                     f"{result.stdout[-20000:]}")
     passed = [line for line in result.stdout.splitlines() if " passed" in line]

@@ -4,6 +4,7 @@ import select
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,8 +13,10 @@ from horovod.backends.local import LocalBackend
 from horovod.common import wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import DataType, ReduceOp, RequestType
+from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Tag, TensorResponse, make_request
-from horovod.core.engine import Engine, Entry
+from horovod.core.controller.response_cache import ResponseCache
+from horovod.core.engine import Engine, Entry, loops, waits
 from horovod.core.engine.handles import Handle, several_threads
 from horovod.core.engine.settings import EngineSettings
 from horovod.core.engine.state import EngineState
@@ -268,3 +271,50 @@ def test_hooks_list_each_observer_only_under_the_hooks_it_implements():
     assert hooks.inspect == (stall,)
     assert hooks.batch == hooks.cycle == hooks.error == (timeline,)
     assert hooks.propose == ()
+
+
+def submit_blocking(engine, name, tensor):
+    handle = Handle(name)
+    request = make_request(name, RequestType.ALLREDUCE, DataType.FLOAT32, tensor.shape, ReduceOp.SUM)
+    engine.submit_blocking(Entry(request, tensor, np.empty_like(tensor), handle))
+    return handle
+
+
+def test_a_blocking_call_sends_its_wait_notice_inside_its_request_and_its_wait_sends_nothing(worker):
+    engine, coord = worker
+    handle = submit_blocking(engine, "b", np.ones(3, np.float32))
+    messages = received(coord, 0.2)
+    assert len(messages) == 1 and messages[0][0] == "R" and messages[0][2] == waits.WAITED, messages
+    assert [r[0] for r in messages[0][1]] == ["b"]
+    waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10})
+    waiter.start()
+    assert received(coord, 0.3) == []                                 # told already: no W
+    respond(coord, "b")
+    waiter.join(10)
+    assert handle.poll() and not waiter.is_alive()
+    with several_threads():
+        submit_blocking(engine, "c", np.ones(3, np.float32))
+    assert received(coord, 0.2)[0][2] == waits.WAITED | waits.SEVERAL_THREADS
+
+
+def test_a_blocking_call_whose_timed_wait_runs_out_takes_its_notice_back(worker):
+    engine, coord = worker
+    handle = submit_blocking(engine, "t", np.ones(3, np.float32))
+    assert [m[0] for m in received(coord, 0.2)] == ["R"]
+    with pytest.raises(TimeoutError):
+        handle.wait(timeout=0.01)
+    assert select.select([coord], [], [], 0.1 + SLACK_S)[0]
+    assert wire.recv_msg(coord) == ["U", ["t"]]                       # the notice the request carried
+
+
+def test_the_coordinator_marks_a_worker_waiting_on_a_blocking_calls_requests():
+    coordinator = Coordinator(2, ResponseCache(16), 1 << 20)
+    activity = []
+    engine = SimpleNamespace(coordinator=coordinator, active=lambda: activity.append(1))
+    request = make_request("w", RequestType.ALLREDUCE, DataType.FLOAT32, [3], ReduceOp.SUM)
+    loops._from_worker(engine, 1, [Tag.REQUESTS, [list(request)], waits.WAITED | waits.SEVERAL_THREADS])
+    assert coordinator.waits() == [("w", "ALLREDUCE", [1], [1])] and activity == [1]
+    assert 1 in coordinator.several_threads
+    loops._from_worker(engine, 1, [Tag.REQUESTS, [list(make_request("v", RequestType.ALLREDUCE, DataType.FLOAT32,
+                                                                       [3], ReduceOp.SUM))]])
+    assert [w[0] for w in coordinator.waits()] == ["w"]                # an async call's requests: no wait

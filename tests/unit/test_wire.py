@@ -1,6 +1,7 @@
 """The authenticated wire: the HMAC handshake in both directions, foreign protocols, msgpack framing."""
 import os
 import random
+import select
 import socket
 import struct
 import threading
@@ -224,3 +225,77 @@ def test_tune_socket_is_harmless_on_unix_and_tcp_sockets():
         assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         client.close()
         conn.close()
+
+
+# ------------------------------------------------------------------ buffered reading (the control channel's)
+def _reader_pair():
+    a, b = socket.socketpair()
+    return wire.FrameReader(a), a, b
+
+
+def _frame(obj) -> bytes:
+    payload = wire.pack(obj)
+    return len(payload).to_bytes(4, "little") + payload
+
+
+def test_a_frame_reader_returns_every_whole_message_one_receive_brings():
+    reader, a, b = _reader_pair()
+    try:
+        b.sendall(_frame(["R", [1]]) + _frame(["W", ["x"]]) + _frame([1, 2, 3]))
+        assert reader.read() == [["R", [1]], ["W", ["x"]], [1, 2, 3]]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_reader_keeps_a_message_that_arrives_in_pieces_until_its_end():
+    reader, a, b = _reader_pair()
+    try:
+        data = _frame(["first", "x" * 300]) + _frame(["second"])
+        got = []
+        for i in range(len(data)):                  # one byte per receive: the header split too
+            b.sendall(data[i:i + 1])
+            got.extend(reader.read())
+            if i < len(data) - len(_frame(["second"])) - 1:
+                assert got == [], i
+        assert got == [["first", "x" * 300], ["second"]]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_reader_takes_a_frame_larger_than_its_receives():
+    reader, a, b = _reader_pair()
+    big = ["blob", bytes(range(256)) * 2048]            # 512 KiB: more than one receive's 64 KiB
+    sender = threading.Thread(target=b.sendall, args=(_frame(big) + _frame(["after"]),))
+    sender.start()
+    try:
+        got = []
+        while len(got) < 2:
+            select.select([a], [], [], 10)
+            got.extend(reader.read())
+        assert got == [big, ["after"]]
+    finally:
+        sender.join(10)
+        a.close()
+        b.close()
+
+
+def test_a_frame_reader_refuses_an_oversized_frame_and_reports_a_close():
+    reader, a, b = _reader_pair()
+    try:
+        b.sendall((wire.MAX_FRAME_BYTES + 1).to_bytes(4, "little"))
+        with pytest.raises(ConnectionError, match="exceeds the limit"):
+            reader.read()
+    finally:
+        a.close()
+        b.close()
+    reader, a, b = _reader_pair()
+    try:
+        b.sendall(_frame(["last"])[:5])
+        b.close()
+        assert reader.read() == []                      # the frame's beginning: kept
+        with pytest.raises(wire.PeerClosedError):
+            reader.read()                               # then the close
+    finally:
+        a.close()

@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import struct
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import msgpack
 
@@ -138,6 +138,52 @@ def recv_msg(sock: socket.socket) -> Any:
     if n > MAX_FRAME_BYTES:
         raise ConnectionError(f"frame of {n} bytes exceeds the limit")
     return unpack(recv_exact(sock, n))
+
+
+class FrameReader:
+    """Buffered reading of framed control messages from one socket: every whole message that one receive brings.
+
+    :func:`recv_msg` costs two system calls per message, and a loop that reads one message per wake-up of its
+    selector pays a whole pass of the loop for each. The coordinator hears from every worker for every
+    collective (a request, often a wait notice after it), so it reads what has arrived at once and acts on each
+    message. Only a :class:`FrameReader` may read its socket once it has read from it (it keeps a frame's
+    beginning until the rest arrives).
+    """
+
+    CHUNK_BYTES = 1 << 16
+    MAX_CHUNK_BYTES = 1 << 24        # a large frame's rest comes in receives of at most this
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = bytearray()
+        self._need = _HEADER.size       # bytes the next whole message needs in the buffer
+
+    def read(self) -> List[Any]:
+        """Receive what has arrived (call when the socket is readable: one receive, which then does not block)
+        and return the messages it completed, in order: none when a message's rest is still on its way.
+        PeerClosedError when the peer closed; ConnectionError for a frame beyond MAX_FRAME_BYTES."""
+        buffer = self._buffer
+        chunk = self.sock.recv(min(max(self.CHUNK_BYTES, self._need - len(buffer)), self.MAX_CHUNK_BYTES))
+        if not chunk:
+            raise PeerClosedError("connection closed by peer")
+        buffer += chunk
+        messages = []
+        at, end = 0, len(buffer)
+        while end - at >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(buffer, at)
+            if n > MAX_FRAME_BYTES:
+                raise ConnectionError(f"frame of {n} bytes exceeds the limit")
+            if end - at - _HEADER.size < n:
+                self._need = _HEADER.size + n
+                break
+            at += _HEADER.size
+            messages.append(unpack(buffer[at:at + n]))
+            at += n
+        else:
+            self._need = _HEADER.size
+        if at:
+            del buffer[:at]
+        return messages
 
 
 ELASTIC_PEER_TIMEOUT_MS = 4000

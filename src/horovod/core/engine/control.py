@@ -29,6 +29,8 @@ class ControlChannel:
         self.hosts = list(hosts) if hosts else ["localhost"] * size
         self.ranks = list(ranks) if ranks is not None else list(range(size))     # position -> global rank
         self.send_lock = threading.Lock()   # a worker's user threads and engine thread both send
+        # The only readers of the sockets (each keeps a message's beginning until the rest arrives).
+        self.readers = {peer: wire.FrameReader(sock) for peer, sock in socks.items()}
 
     def host_of(self, peer: int) -> str:
         return self.hosts[peer] if 0 <= peer < len(self.hosts) else "?"
@@ -50,10 +52,12 @@ class ControlChannel:
                 if not best_effort:
                     raise self.lost(peer, exc) from None
 
-    def receive(self, peer: int, sock: socket.socket) -> list:
+    def receive(self, peer: int) -> List[list]:
+        """The messages from ``peer`` that have arrived (call when its socket is readable; see
+        :class:`horovod.common.wire.FrameReader`); PeerLostError when the peer is gone."""
         try:
-            return wire.recv_msg(sock)
-        except (OSError, wire.PeerClosedError) as exc:
+            return self.readers[peer].read()
+        except OSError as exc:
             raise self.lost(peer, exc) from None
 
     def send_to_coordinator(self, msg: list) -> None:
@@ -95,14 +99,15 @@ class ControlChannel:
                 lost_closed = False
                 for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
                     try:
-                        msg = wire.recv_msg(key.fileobj)
-                    except (OSError, ValueError, wire.PeerClosedError):
+                        messages = self.readers[key.data].read()
+                    except (OSError, ValueError):
                         lost_closed = lost_closed or key.data == lost
                         selector.unregister(key.fileobj)
                         socks.pop(key.data, None)
                         continue
-                    if msg and msg[0] == Tag.ABORT:
-                        return msg[1]       # a reason that arrived with the close still wins
+                    for msg in messages:
+                        if msg and msg[0] == Tag.ABORT:
+                            return msg[1]       # a reason that arrived with the close still wins
                 if lost_closed:
                     return own
         finally:

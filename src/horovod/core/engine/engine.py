@@ -176,7 +176,7 @@ class Engine:
         if fast is not None and entry.tensor is not None and not self.hooks.batch:
             key = fast.key(entry.request, entry.tensor.nbytes)
         if key is None:
-            self.enqueue([entry])
+            self._admit([entry], post=True, waited=True)
             return
         with self.lock:
             # Idle: everything this rank submitted before was emitted by the coordinator, so every peer has
@@ -190,7 +190,7 @@ class Engine:
                 if self.flight_ring is not None:
                     self.flight_ring.submit((entry,), time.time())
         if not k:
-            self.enqueue([entry])
+            self._admit([entry], post=True, waited=True)
             return
         fast.ring()
         try:
@@ -207,11 +207,13 @@ class Engine:
             flight.fast_round(entry.flight, time.time())
             entry.handle.set_result(entry.index, entry.output)
             return
-        self._admit([entry], post=False)        # the round did not match: the coordinator decides
+        self._admit([entry], post=False, waited=True)      # the round did not match: the coordinator decides
 
-    def _admit(self, entries: List[Entry], post: bool) -> None:
+    def _admit(self, entries: List[Entry], post: bool, waited: bool = False) -> None:
         """Put entries in the table and send their requests; ``post``: record the submission for the fast
-        rounds (False for an op whose fast round did not match: it was recorded then)."""
+        rounds (False for an op whose fast round did not match: it was recorded then). ``waited``: a blocking
+        call, whose caller waits on the handle at once: a worker's request then carries the wait notice that
+        the wait would send next (:mod:`horovod.core.engine.waits`), one message instead of two."""
         fast = self.fast
         with self.lock:
             if self.state is EngineState.STOPPED:
@@ -253,8 +255,11 @@ class Engine:
         # critical path. The send happens outside the table lock, so that a full socket buffer can never block
         # the engine thread (which needs the lock to execute). A send failure means the coordinator is gone:
         # the engine thread sees the closed socket and fails every entry, these included.
+        message = [Tag.REQUESTS, [e.request for e in entries]]
+        if waited:
+            message.append(self.waits.notice_with_requests(entries[0].handle))
         try:
-            self.control.send_to_coordinator([Tag.REQUESTS, [e.request for e in entries]])
+            self.control.send_to_coordinator(message)
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
 

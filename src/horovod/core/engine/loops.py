@@ -12,7 +12,6 @@ import time
 from typing import List, Optional, Protocol, Sequence, Tuple
 
 from horovod.backends.comm import PeerLostError
-from horovod.common import wire
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Request, Tag
@@ -20,7 +19,7 @@ from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.observer import EngineObserver, Hooks
 from horovod.core.engine.settings import EngineSettings
-from horovod.core.engine.waits import Note
+from horovod.core.engine.waits import SEVERAL_THREADS, Note
 
 log = logging.getLogger(__name__)
 stall_log = logging.getLogger("horovod.stall")     # a named channel: see horovod.common.logging_setup
@@ -109,11 +108,11 @@ def _coordinate(engine: Looping, selector: selectors.BaseSelector) -> None:
             if peer == -1:
                 engine.drain_wake()
                 continue
-            msg = engine.control.receive(peer, key.fileobj)
-            if msg[0] == Tag.EXITING:
-                shutdown_reason = f"rank {engine.control.global_rank(peer)} called hvd.shutdown()"
-                selector.unregister(key.fileobj)
-            else:
+            for msg in engine.control.receive(peer):
+                if msg[0] == Tag.EXITING:
+                    shutdown_reason = f"rank {engine.control.global_rank(peer)} called hvd.shutdown()"
+                    selector.unregister(key.fileobj)
+                    break
                 _from_worker(engine, peer, msg)
 
 
@@ -147,6 +146,9 @@ def _from_worker(engine: Looping, peer: int, msg: list) -> None:
     if kind == Tag.REQUESTS:
         for fields in msg[1]:
             coord.add_request(peer, Request._make(fields))
+        if len(msg) > 2:            # a blocking call's requests, with the wait notice (waits.notice_with_requests)
+            coord.mark_waiting(peer, [fields[0] for fields in msg[1]], bool(msg[2] & SEVERAL_THREADS))
+            engine.active()
     elif kind == Tag.WAITING:
         coord.mark_waiting(peer, msg[1], len(msg) > 2 and bool(msg[2]))
         engine.active()
@@ -218,7 +220,7 @@ def worker_loop(engine: Looping) -> None:
 
 
 def _work(engine: Looping, selector: selectors.BaseSelector) -> None:
-    sock = engine.control.socks[0]
+    sock, reader = engine.control.socks[0], engine.control.readers[0]
     engine.register_wake(selector)
     selector.register(sock, selectors.EVENT_READ, 0)
     stop_sent_at = None
@@ -241,14 +243,15 @@ def _work(engine: Looping, selector: selectors.BaseSelector) -> None:
                 engine.drain_wake()
                 continue
             try:
-                msg = wire.recv_msg(sock)
-            except (OSError, wire.PeerClosedError) as exc:
+                messages = reader.read()
+            except OSError as exc:
                 if stop_sent_at is not None:
                     engine.fail_all(HorovodInternalError(SHUT_DOWN_MESSAGE))
                     return
                 raise engine.control.lost(0, exc) from None
-            if not _from_coordinator(engine, msg):
-                return
+            for msg in messages:
+                if not _from_coordinator(engine, msg):
+                    return
 
 
 def _send_stop(engine: Looping) -> bool:

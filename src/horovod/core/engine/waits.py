@@ -22,6 +22,7 @@ from horovod.core.engine.handles import Handle, waits_from_several_threads
 
 LAPSE_RETRY_SECONDS = 0.01
 Note = Tuple[bool, List[str], bool]     # rank 0's notice: (begins, names, from a program submitting from threads)
+WAITED, SEVERAL_THREADS = 1, 2          # flags of a worker's requests that carry its wait notice
 
 
 class Noticing(Protocol):
@@ -82,6 +83,14 @@ class WaitNotices:
                 return
             self.notes.append((True, list(handle.names), waits_from_several_threads()))
             self.engine.wake_if_sleeping()
+
+    def notice_with_requests(self, handle: Handle) -> int:
+        """A worker sends the requests of a blocking call (whose caller waits on ``handle`` at once) with the
+        notice its wait would send next: the flags that go with them (``WAITED``, ``SEVERAL_THREADS``). The
+        handle counts as noticed, so its wait sends nothing; the requests are not yet sent, so the notice cannot
+        come too late."""
+        handle.noticed = True
+        return WAITED | (SEVERAL_THREADS if waits_from_several_threads() else 0)
 
     def _stopped_waiting(self, handle: Handle) -> None:
         handle.waiters -= 1
