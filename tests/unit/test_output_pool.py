@@ -62,6 +62,7 @@ def test_idle_memory_stays_within_the_capacity():
     assert pool.idle_bytes() == BIG                        # idle + the new one within 3 * BIG
     del reused, bigger
     assert pool.idle_bytes() == BIG + BIG + 3 * BIG // 2
+    assert sorted(pool._starts) == sorted(map(id, pool._buffers))     # a forgotten buffer's start goes too
 
 
 @pytest.mark.parametrize("nbytes", [BIG, BIG + 8, 3 * BIG // 2 + 4])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class OutputPool:
         self.capacity = capacity_bytes
         self._lock = threading.Lock()
         self._buffers: List[np.ndarray] = []      # most recently handed out last
+        self._starts: Dict[int, int] = {}         # id of a buffer in _buffers -> its aligned start (in bytes)
 
     def empty(self, shape: Tuple[int, ...], dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -48,8 +49,9 @@ class OutputPool:
             if backing is None:
                 backing = np.empty(nbytes + ALIGNMENT, np.uint8)
                 self._make_room(nbytes)
+                self._starts[id(backing)] = -backing.ctypes.data % ALIGNMENT    # (ctypes.data: 2 us a call)
             self._buffers.append(backing)
-            start = -backing.ctypes.data % ALIGNMENT
+            start = self._starts[id(backing)]
             return backing[start:start + nbytes].view(dtype).reshape(shape)
 
     def _take(self, nbytes: int) -> Optional[np.ndarray]:
@@ -75,6 +77,8 @@ class OutputPool:
             total -= _usable(backing)
             dropped.add(id(backing))
         self._buffers = [b for b in self._buffers if id(b) not in dropped]
+        for key in dropped:
+            del self._starts[key]
 
     def idle_bytes(self) -> int:
         """Bytes held by buffers that no array refers to (for tests and diagnostics)."""
