@@ -156,6 +156,23 @@ def test_a_rank_stopped_between_collectives_is_named_by_rank_0_negotiating(tmp_p
         assert job.output.count("RESULT ok") == 2, job.output[-3000:]
 
 
+def test_a_rank_stopped_before_its_first_heartbeat_is_named_stopped_from_its_process(tmp_path):
+    """Rank 1 stops before hvd.init(): no heartbeat ever came, but the launcher started it and its row says
+    what the kernel says of the process, not "starting"."""
+    stop_file = tmp_path / "stopped"
+    worker = str(ROOT / "tests" / "integration" / "workers" / "stop_at_start.py")
+    with LiveJob(2, [sys.executable, worker], {"STOP_FILE": str(stop_file)}, timeout=90) as job:
+        url = job.url()
+        wait_for("rank 1 stopped", stop_file.exists, 45)
+        status = poll(url, lambda s: s["ranks"][1]["state"] == "stopped", 30, "rank 1 stopped")
+        one = status["ranks"][1]
+        assert one["state_text"] == "no heartbeat yet, and the process is stopped (SIGSTOP, or a debugger holds it)"
+        assert one["pid"] == int(stop_file.read_text().split()[1]) and one["heartbeat_age_s"] is None, one
+        os.kill(one["pid"], signal.SIGCONT)
+        assert job.wait() == 0, job.output[-3000:]
+        assert job.output.count("RESULT ok") == 2, job.output[-3000:]
+
+
 def rank_row(driver, rank):
     from selenium.webdriver.common.by import By
 

@@ -2,11 +2,14 @@
 store, rates from consecutive beats, reports and elastic rounds; and the ranks' side of it (the running totals a
 heartbeat carries, the reports it publishes)."""
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
 from horovod.common import heartbeat_records as rec
@@ -394,3 +397,33 @@ def test_a_report_is_published_at_the_next_beat_and_never_raises():
     assert len(record[rec.TEXT]) == rec.REPORT_MAX_CHARS
     heartbeat.publish_report(object(), object())            # anything: kept as text, no exception
     heartbeat._report.clear()
+
+
+def test_a_local_rank_without_a_heartbeat_is_named_stopped_or_exited_from_its_process(store):
+    pids = {}
+    job = monitor.JobStatus(store, monitor.static_view(["a", "b", "c"], pids))
+    assert [r["state"] for r in job.snapshot()["ranks"]] == ["starting"] * 3       # nothing started yet
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)'; true"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(stopped.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        child = psutil.Process(stopped.pid).children()[0]
+        child.suspend()                         # the program under the shell the launcher started: SIGSTOP
+        pids.update({0: running.pid, 1: stopped.pid, 2: gone.pid + 10**7})   # rank 2's pid no longer exists
+        ranks = job.snapshot()["ranks"]
+        assert ranks[0]["state"] == "starting" and ranks[0]["pid"] == running.pid, ranks[0]
+        assert ranks[1]["state"] == "stopped" and "SIGSTOP" in ranks[1]["state_text"], ranks[1]
+        assert ranks[1]["state_text"].startswith("no heartbeat yet"), ranks[1]
+        assert ranks[2]["state"] == "exited", ranks[2]
+        put_beat(store, 1, beat(time.time()))   # a beat wins over the process's state
+        assert job.snapshot()["ranks"][1]["state"] != "stopped"
+    finally:
+        for proc in (running, stopped):
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                p.kill()
+            proc.kill()
+            proc.wait()

@@ -98,7 +98,7 @@ def worker_spec(slot: SlotInfo, command: Sequence[str], base_env: Mapping[str, s
     local_env = {k: v for k, v in base_env.items() if k != SECRET_ENV}
     return WorkerSpec(slot.rank, slot.hostname, argv, local_env,
                       _display(slot.hostname, variables, command, remote=True),
-                      stdin_data=ssh.secret_stdin(secret), command_text=shlex.join(command))
+                      stdin_data=ssh.secret_stdin(secret), command_text=shlex.join(command), local=False)
 
 
 def host_alloc_plan(settings: Settings) -> List[SlotInfo]:
@@ -132,9 +132,11 @@ def launch_gloo(command: Sequence[str], settings: Settings, env: Mapping[str, st
             log.info("rank %d on %s: %s", spec.rank, spec.hostname, spec.display)
     if settings.output_filename:
         os.makedirs(settings.output_filename, exist_ok=True)
-    with monitor.serving(settings, rendezvous.store, monitor.static_view([s.hostname for s in sorted(plan, key=lambda s: s.rank)])):
+    local_pids: Dict[int, int] = {}
+    view = monitor.static_view([s.hostname for s in sorted(plan, key=lambda s: s.rank)], local_pids)
+    with monitor.serving(settings, rendezvous.store, view):
         run_workers(specs, output_dir=settings.output_filename,
-                    prefix_timestamp=settings.prefix_output_with_timestamp)
+                    prefix_timestamp=settings.prefix_output_with_timestamp, local_pids=local_pids)
 
 
 def gloo_run(settings: Settings, nics: Optional[Iterable[str]], env: Mapping[str, str], server_ip: str,

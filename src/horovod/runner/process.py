@@ -47,6 +47,7 @@ class WorkerSpec:
     stdin_data: Optional[bytes] = None
     cwd: Optional[str] = None
     command_text: str = ""
+    local: bool = True          # the rank's process is the one started here (False: an ssh client starts it)
 
 
 @dataclasses.dataclass
@@ -414,8 +415,9 @@ def reap_leftovers(workers: Sequence[WorkerProcess]) -> None:
 
 def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, prefix_timestamp: bool = False,
                 grace: float = GRACE_SECONDS, stdout: Optional[IO[str]] = None,
-                stderr: Optional[IO[str]] = None) -> None:
-    """Run all ranks to completion; return when every rank exited 0.
+                stderr: Optional[IO[str]] = None, local_pids: Optional[Dict[int, int]] = None) -> None:
+    """Run all ranks to completion; return when every rank exited 0. ``local_pids`` (when given) gets the pid of
+    every rank started on this machine, by rank, as it starts (the live page reads it).
 
     Raises JobFailedError (the first rank to exit non-zero), JobInterruptedError (SIGTERM/SIGHUP),
     KeyboardInterrupt (SIGINT) or WorkerStartError; in every case no rank process is left running.
@@ -435,6 +437,8 @@ def run_workers(specs: Sequence[WorkerSpec], output_dir: Optional[str] = None, p
                 if output_dir is not None:
                     out_dir = os.path.join(output_dir, f"rank.{pad_rank(spec.rank, size)}")
                 workers.append(WorkerProcess(spec, sink, events, out_dir))
+                if local_pids is not None and spec.local:
+                    local_pids[spec.rank] = workers[-1].proc.pid
             remaining = len(workers)
             while remaining and first_failure is None and stop_signal is None:
                 try:

@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 
 STACK_SECONDS = 2.0         # how long the stack button waits for the ranks' answers
 WAITING_SECONDS = 1.0       # a rank that has waited this long for a peer is shown as waiting for it
-JobView = Callable[[], dict]    # {"size": n, "hosts": [host by rank], "elastic": None or the driver's view}
+# {"size": n, "hosts": [host by rank], "elastic": None or the driver's view, optionally "local_pids": {rank: pid}
+# of the ranks the launcher started on this machine}
+JobView = Callable[[], dict]
 
 # /proc/<pid>/stat states of a local rank that say it cannot run.
 _PROC_STATES = {"T": "stopped (SIGSTOP, or a debugger holds it)", "t": "stopped by a debugger (tracing stop)",
                 "Z": "exited (a zombie its launcher has not reaped)", "X": "exited",
                 "D": "blocked in the kernel (uninterruptible sleep)"}
+_PSUTIL_STATES = {"stopped": "T", "tracing-stop": "t", "zombie": "Z", "dead": "X", "disk-sleep": "D"}
 
 
 class BeatLog:
@@ -56,9 +59,11 @@ class BeatLog:
             return list(self._beats.get(key, ()))
 
 
-def static_view(hosts: List[str]) -> JobView:
-    """The layout of a static job: ``hosts[rank]`` for each rank."""
-    view = {"size": len(hosts), "hosts": list(hosts), "elastic": None}
+def static_view(hosts: List[str], local_pids: Optional[Dict[int, int]] = None) -> JobView:
+    """The layout of a static job: ``hosts[rank]`` for each rank; ``local_pids``, which the launcher fills as it
+    starts the ranks on this machine (read at every snapshot), lets the page say what became of a rank that
+    never sent a heartbeat."""
+    view = {"size": len(hosts), "hosts": list(hosts), "elastic": None, "local_pids": local_pids}
     return lambda: view
 
 
@@ -86,6 +91,31 @@ def _proc_state(host: Optional[str], pid: Optional[int]) -> Optional[str]:
     return _PROC_STATES.get(state)
 
 
+def _started_state(pid: int) -> Optional[str]:
+    """What the kernel says of a rank the launcher started here (``pid``, the process it started, and what that
+    started in turn: a shell may run the program) when it is stopped or gone, else None. (Not a wait in the
+    kernel: a rank that starts reads files.)"""
+    import psutil
+
+    try:
+        leader = psutil.Process(pid)
+        processes = [leader] + leader.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return "exited"
+    except psutil.Error:
+        return None
+    if leader.status() == psutil.STATUS_ZOMBIE:
+        return _PROC_STATES["Z"]
+    for process in processes:
+        try:
+            state = _PROC_STATES.get(_PSUTIL_STATES.get(process.status(), ""))
+        except psutil.Error:
+            continue
+        if state is not None and state.startswith("stopped"):
+            return state
+    return None
+
+
 def _number(value, digits: int = 3) -> Optional[float]:
     return None if value is None else round(float(value), digits)
 
@@ -110,14 +140,18 @@ class JobStatus:
         now, mono = time.time(), time.monotonic()
         size = int(view.get("size") or 0)
         hosts = list(view.get("hosts") or [])
-        ranks = [self.rank_status(rank, hosts[rank] if rank < len(hosts) else None, now, mono)
+        pids = view.get("local_pids") or {}
+        ranks = [self.rank_status(rank, hosts[rank] if rank < len(hosts) else None, now, mono, pids.get(rank))
                  for rank in range(size)]
         job = {"size": size, "start_time": self.started, "uptime_s": round(now - self.started, 1),
                "launcher_host": socket.gethostname(), "elastic": view.get("elastic")}
         return {"time": now, "job": job, "ranks": ranks, "reports": self.reports(now)}
 
-    def rank_status(self, rank: int, host: Optional[str], now: float, mono: float) -> dict:
-        """One rank's entry: who, what it does, its rates (from its last two beats) and its state."""
+    def rank_status(self, rank: int, host: Optional[str], now: float, mono: float,
+                    local_pid: Optional[int] = None) -> dict:
+        """One rank's entry: who, what it does, its rates (from its last two beats) and its state. ``local_pid``:
+        the process the launcher started for it on this machine, if it did (what became of a rank that has sent
+        no heartbeat yet)."""
         key = str(rank)
         beats = [(arrived, _unpack(raw)) for arrived, raw in self.beats.last_two(key)]
         beats = [(arrived, beat) for arrived, beat in beats if beat is not None]
@@ -131,6 +165,12 @@ class JobStatus:
                  "submitted_seq": None, "completed": None, "heartbeat_age_s": None, "negotiating": None,
                  "negotiating_s": None, "missing_ranks": None}
         if not beats:
+            if local_pid:
+                entry["pid"] = local_pid
+                kernel = _started_state(local_pid)
+                if kernel is not None:
+                    entry.update(state="exited" if kernel.startswith("exited") else "stopped",
+                                 state_text=f"no heartbeat yet, and the process is {kernel}")
             return entry
         arrived, beat = beats[-1]
         age = max(0.0, mono - arrived) if arrived is not None else max(0.0, now - float(beat.get(rec.T, now)))
