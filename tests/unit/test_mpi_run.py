@@ -17,6 +17,7 @@ from horovod.common.wire import SECRET_ENV
 from horovod.runner import launch, mpi_run
 from horovod.runner.common.util.settings import Settings
 from horovod.runner.process import JobFailedError
+from tests.support.launch import with_runtime_start_retry
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -738,8 +739,12 @@ def clean_env():
 
 
 def hvdrun(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "horovod.runner", *[str(a) for a in args]], capture_output=True,
-                          text=True, timeout=timeout, env=clean_env(), stdin=subprocess.DEVNULL)
+    """horovodrun with ``args``; launched again if Open MPI's runtime failed to start (tests.support.launch)."""
+    argv = [sys.executable, "-m", "horovod.runner", *[str(a) for a in args]]
+    return with_runtime_start_retry(
+        lambda: subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=clean_env(),
+                               stdin=subprocess.DEVNULL),
+        f"horovodrun {' '.join(map(str, args[:3]))} (tests/unit/test_mpi_run.py)")
 
 
 @needs_mpirun

@@ -18,7 +18,7 @@ def _launches(*outputs):
 def test_a_runtime_that_failed_to_start_is_launched_once_more_and_the_retry_recorded():
     retried = []            # not the suite's list, whose lines its summary prints as real retries
     launch_once, calls = _launches(f"...\n{launch.PMIX_START_FAILURE}. We cannot\ncontinue.\n", "1 passed")
-    result = launch._launched(launch_once, "w.py at 4 ranks under mpirun", retried)
+    result = launch.with_runtime_start_retry(launch_once, "w.py at 4 ranks under mpirun", retried)
     assert result.returncode == 0 and len(calls) == 2
     assert retried == [f"w.py at 4 ranks under mpirun: {launch.PMIX_START_FAILURE}"]
 
@@ -27,7 +27,7 @@ def test_a_second_runtime_failure_and_any_other_failure_are_returned_as_they_are
     retried = []
     failure = f"{launch.PMIX_START_FAILURE} (failed)"
     launch_once, calls = _launches(failure, failure, "never")
-    assert launch._launched(launch_once, "job", retried).stdout == failure and len(calls) == 2
+    assert launch.with_runtime_start_retry(launch_once, "job", retried).stdout == failure and len(calls) == 2
     launch_once, calls = _launches("1 failed", "never")
-    assert launch._launched(launch_once, "job", retried).returncode == 1 and len(calls) == 1
+    assert launch.with_runtime_start_retry(launch_once, "job", retried).returncode == 1 and len(calls) == 1
     assert len(retried) == 1
