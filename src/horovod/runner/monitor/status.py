@@ -32,7 +32,7 @@ JobView = Callable[[], dict]
 _PROC_STATES = {"T": "stopped (SIGSTOP, or a debugger holds it)", "t": "stopped by a debugger (tracing stop)",
                 "Z": "exited (a zombie its launcher has not reaped)", "X": "exited",
                 "D": "blocked in the kernel (uninterruptible sleep)"}
-_PSUTIL_STATES = {"stopped": "T", "tracing-stop": "t", "zombie": "Z", "dead": "X", "disk-sleep": "D"}
+_STOPPED = {"stopped": _PROC_STATES["T"], "tracing-stop": _PROC_STATES["t"]}     # psutil's status -> ours
 
 
 class BeatLog:
@@ -99,19 +99,19 @@ def _started_state(pid: int) -> Optional[str]:
 
     try:
         leader = psutil.Process(pid)
+        if leader.status() == psutil.STATUS_ZOMBIE:
+            return _PROC_STATES["Z"]
         processes = [leader] + leader.children(recursive=True)
     except psutil.NoSuchProcess:
         return "exited"
     except psutil.Error:
         return None
-    if leader.status() == psutil.STATUS_ZOMBIE:
-        return _PROC_STATES["Z"]
     for process in processes:
         try:
-            state = _PROC_STATES.get(_PSUTIL_STATES.get(process.status(), ""))
+            state = _STOPPED.get(process.status())
         except psutil.Error:
             continue
-        if state is not None and state.startswith("stopped"):
+        if state is not None:
             return state
     return None
 
