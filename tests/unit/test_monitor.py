@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -253,6 +254,10 @@ def test_elastic_driver_view_follows_its_rounds():
     assert view["size"] == 2 and view["hosts"] == ["a", "b"]
     assert view["elastic"]["round"] == 1 and not view["elastic"]["reforming"]
     assert [m["slot"] for m in view["elastic"]["members"]] == ["a[0]", "b[0]"]
+    worker = SimpleNamespace(spec=SimpleNamespace(local=True), proc=SimpleNamespace(pid=4242))
+    remote = SimpleNamespace(spec=SimpleNamespace(local=False), proc=SimpleNamespace(pid=4343))    # ssh's pid
+    driver._workers = {"b[0]": worker, "a[0]": remote, "c[0]": worker}     # c[0]: not in this round
+    assert driver.monitor_view()["local_pids"] == {1: 4242}
 
 
 def answer_stacks(store, ranks, stop):

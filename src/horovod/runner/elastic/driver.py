@@ -149,8 +149,14 @@ class ElasticDriver:
 
     def monitor_view(self) -> dict:
         """The job's layout for the live page (``horovod.runner.monitor``), from any thread: the current round's
-        size, the host of each rank, and the round, its members and whether it re-forms."""
-        return self._view
+        size, the host of each rank, and the round, its members and whether it re-forms; and the pid of each
+        rank whose worker this launcher started on its own host (what the page says of a rank without a beat)."""
+        view, assignment, pids = self._view, self._assignment, {}
+        for slot, worker in list(self._workers.items()):        # a copy: the driver's thread changes the dict
+            info = assignment.get(slot)
+            if info is not None and worker.spec.local:
+                pids[info.rank] = worker.proc.pid
+        return {**view, "local_pids": pids} if pids else view
 
     def _publish_view(self) -> None:
         """Replace the live page's view (one assignment: a reader in another thread sees the old or the new)."""
