@@ -148,6 +148,13 @@ def test_broadcast_from_every_root_goes_fast(dtype):
         y = np.full(5, rank, dtype)
         hvd.broadcast_(y, root, name=f"fr.bcast_.{root}.{np.dtype(dtype).name}")
         np.testing.assert_array_equal(y, np.full(5, root, dtype))
+        strided = np.zeros(10, dtype)[::2]          # into another, strided output: the root copies its own input
+        before = _matched()
+        with ops.blocking():
+            ops.broadcast_async(np.full(5, rank, dtype), root, output=strided,
+                                name=f"fr.bcast.strided.{root}.{np.dtype(dtype).name}").wait()
+        _expect_fast(before)
+        np.testing.assert_array_equal(strided, np.full(5, root, dtype))
 
 
 def test_allgather_of_equal_shapes_goes_fast_and_unequal_ones_through_the_coordinator():

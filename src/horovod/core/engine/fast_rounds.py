@@ -539,7 +539,10 @@ class FastRounds:
         n = entry.tensor.nbytes
         if rtype == _BROADCAST:
             root = self.ranks.index(request.root)
-            np.copyto(entry.output.reshape(-1), self._slot_views(b, 0, n, dtype)[root])
+            if root != self.rank:
+                np.copyto(entry.output.reshape(-1), self._slot_views(b, 0, n, dtype)[root])
+            elif not _same_array(entry.output, entry.tensor):     # the root has it already (in place: nothing)
+                np.copyto(entry.output, entry.tensor.reshape(entry.output.shape))
             return
         if rtype == _REDUCESCATTER:
             self._reduce_scatter(entry, b, dtype)
