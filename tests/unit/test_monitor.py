@@ -418,6 +418,8 @@ def test_a_local_rank_without_a_heartbeat_is_named_stopped_or_exited_from_its_pr
             time.sleep(0.02)
         child = psutil.Process(stopped.pid).children()[0]
         child.suspend()                         # the program under the shell the launcher started: SIGSTOP
+        while child.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.01)                    # the signal takes effect when the child is next scheduled
         pids.update({0: running.pid, 1: stopped.pid, 2: gone.pid + 10**7})   # rank 2's pid no longer exists
         ranks = job.snapshot()["ranks"]
         assert ranks[0]["state"] == "starting" and ranks[0]["pid"] == running.pid, ranks[0]
