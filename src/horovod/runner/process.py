@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import flight_folder
 from .output_tail import OutputTail, report_lines
@@ -372,6 +372,23 @@ def stop_workers(workers: Sequence[WorkerProcess], grace: float) -> None:
             log.warning("rank %d (pid %d) did not exit after SIGKILL", w.spec.rank, w.proc.pid)
 
 
+def stopped_process(pid: int) -> Optional[Tuple[int, str]]:
+    """The first process of ``pid``'s tree (``pid``, then what it started: a shell may run the program) that is
+    stopped (SIGSTOP, Ctrl-Z, a debugger): its pid and psutil's status, or None. psutil.Error when ``pid`` itself
+    cannot be read (NoSuchProcess: it is gone)."""
+    import psutil
+
+    leader = psutil.Process(pid)
+    for proc in [leader] + leader.children(recursive=True):
+        try:
+            status = proc.status()
+        except psutil.Error:
+            continue
+        if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            return proc.pid, status
+    return None
+
+
 def stopped_note(workers: Sequence[WorkerProcess]) -> str:
     """A line naming the local ranks that are stopped right now (SIGSTOP, Ctrl-Z, a debugger), or ''. A rank that
     froze is what the others' stall reports point at; the launcher names it too."""
@@ -382,17 +399,11 @@ def stopped_note(workers: Sequence[WorkerProcess]) -> str:
         if w.proc.poll() is not None:
             continue
         try:
-            leader = psutil.Process(w.proc.pid)
-            procs = [leader] + leader.children(recursive=True)
+            stopped = stopped_process(w.proc.pid)
         except psutil.Error:
             continue
-        for proc in procs:
-            try:
-                if proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                    found.append(f"rank {w.spec.rank} (pid {proc.pid} on {w.spec.hostname})")
-                    break
-            except psutil.Error:
-                pass
+        if stopped is not None:
+            found.append(f"rank {w.spec.rank} (pid {stopped[0]} on {w.spec.hostname})")
     if not found:
         return ""
     return (f"\nWhen the job ended, {', '.join(found)} {'was' if len(found) == 1 else 'were'} stopped (SIGSTOP, "

@@ -444,8 +444,7 @@ class FastRounds:
             if head:
                 for p in self.peers:
                     self._cross(p, cma.write, addresses[p], raw[:head], entry)
-            if not _same_array(entry.output, entry.tensor):
-                np.copyto(entry.output, entry.tensor)
+            _root_output(entry)
             return
         out = self._gathered_output(entry, posted.dtype)
         flat = out.reshape(-1) if out.flags.c_contiguous else np.empty(out.size, out.dtype)
@@ -541,8 +540,8 @@ class FastRounds:
             root = self.ranks.index(request.root)
             if root != self.rank:
                 np.copyto(entry.output.reshape(-1), self._slot_views(b, 0, n, dtype)[root])
-            elif not _same_array(entry.output, entry.tensor):     # the root has it already (in place: nothing)
-                np.copyto(entry.output, entry.tensor.reshape(entry.output.shape))
+            else:
+                _root_output(entry)
             return
         if rtype == _REDUCESCATTER:
             self._reduce_scatter(entry, b, dtype)
@@ -605,6 +604,12 @@ def _reduce_in_order(request: Request, out: np.ndarray, parts: List[np.ndarray])
     for part in parts[2:]:
         reduce_into(out, part, op)
     scale_inplace(out, postscale)
+
+
+def _root_output(entry: Entry) -> None:
+    """A broadcast's root into its own output: nothing when that is its input (in place), else a local copy."""
+    if not _same_array(entry.output, entry.tensor):
+        np.copyto(entry.output, entry.tensor.reshape(entry.output.shape))
 
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:

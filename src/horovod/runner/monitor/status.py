@@ -97,23 +97,17 @@ def _started_state(pid: int) -> Optional[str]:
     kernel: a rank that starts reads files.)"""
     import psutil
 
+    from horovod.runner.process import stopped_process
+
     try:
-        leader = psutil.Process(pid)
-        if leader.status() == psutil.STATUS_ZOMBIE:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
             return _PROC_STATES["Z"]
-        processes = [leader] + leader.children(recursive=True)
+        stopped = stopped_process(pid)
     except psutil.NoSuchProcess:
         return "exited"
     except psutil.Error:
         return None
-    for process in processes:
-        try:
-            state = _STOPPED.get(process.status())
-        except psutil.Error:
-            continue
-        if state is not None:
-            return state
-    return None
+    return None if stopped is None else _STOPPED[stopped[1]]
 
 
 def _number(value, digits: int = 3) -> Optional[float]:
