@@ -36,9 +36,18 @@ def test_parallel(np_):
     run_parallel_tests(np_, FILES, env=env, timeout=FILES_JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)
 
 
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_carried_allreduces_on_the_tcp_plane(np_):
+    """Small blocking allreduces reduced by the coordinator (core/engine/carried.py), which jobs on one host never
+    use (their fast rounds take those calls); one rank is in test_parallel."""
+    run_parallel_tests(np_, "test_coordinator_reduce.py", env={"HOROVOD_CPU_OPERATIONS": "tcp"}, timeout=JOB_TIMEOUT,
+                       pytest_args=PER_TEST_TIMEOUT)
+
+
 @pytest.mark.slow
 def test_parallel_hierarchical_two_hosts():
-    files = MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py", "test_process_sets.py"]
+    files = MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py", "test_process_sets.py",
+                    "test_coordinator_reduce.py"]
     result = run_parallel_tests(4, files, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=FILES_JOB_TIMEOUT,
                                 pytest_args=PER_TEST_TIMEOUT)
     assert "[3]<stdout>" in result.stdout
@@ -57,7 +66,8 @@ def test_hierarchical_adasum_and_every_rank_across_two_hosts():
 
 @pytest.mark.slow
 def test_parallel_tcp_data_plane():
-    files = MAIN + ["test_process_sets.py", "test_adasum.py"]      # every set on a tcp plane of its own too
+    # every set on a tcp plane of its own too; small blocking allreduces reduced by the coordinator
+    files = MAIN + ["test_process_sets.py", "test_adasum.py", "test_coordinator_reduce.py"]
     run_parallel_tests(3, files, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
@@ -68,10 +78,12 @@ def test_parallel_tcp_data_plane():
     # the two are independent, so one job covers both
     {"HOROVOD_SHM_CHUNK_BYTES": "65536", "HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_CYCLE_TIME": "5",
      "HOROVOD_CACHE_CAPACITY": "4"},
-    # small blocking allreduces through the coordinator too, there with neither fusion nor the cache (the
-    # default fusion and cache already run every async op through the coordinator)
-    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_FAST_ROUNDS": "0"},
-    {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", EXPECT: "tcp"},   # the ring path, every size
+    # small blocking allreduces through the coordinator and the data plane too, there with neither fusion nor the
+    # cache (the default fusion and cache already run every async op through the coordinator)
+    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_FAST_ROUNDS": "0",
+     "HOROVOD_COORDINATOR_REDUCE_BYTES": "0"},
+    {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", "HOROVOD_COORDINATOR_REDUCE_BYTES": "0",
+     EXPECT: "tcp"},   # the ring path, every size
 ], ids=["small_shm_chunks_group_fusion_off_tiny_cache", "no_fusion_no_cache_no_fast_rounds", "tcp_ring_only"])
 def test_parallel_knob_variants(env):
     run_parallel_tests(3, "test_allreduce.py", env=env, timeout=JOB_TIMEOUT, pytest_args=PER_TEST_TIMEOUT)

@@ -60,10 +60,11 @@ def _disagreement(requests: Dict[int, list], key, ranks: List[int]) -> Optional[
 
 
 class _Pending:
-    __slots__ = ("requests", "first_seen", "waiting")
+    __slots__ = ("requests", "first_seen", "waiting", "inputs")
 
     def __init__(self) -> None:
         self.requests: Dict[int, list] = {}
+        self.inputs: Optional[Dict[int, object]] = None     # carried inputs by rank (core/engine/carried.py)
         self.first_seen = time.monotonic()
         self.waiting: Optional[Set[int]] = None      # ranks blocked in a wait on this tensor (made on demand)
 
@@ -96,8 +97,10 @@ class Coordinator:
         self._parked: Dict[str, Tuple[float, Set[int]]] = {}
 
     # ----------------------------------------------------------------- intake
-    def add_request(self, rank: int, request: Request) -> None:
-        """Record ``rank``'s request; JOIN marks the rank joined."""
+    def add_request(self, rank: int, request: Request, carried: object = None) -> None:
+        """Record ``rank``'s request; JOIN marks the rank joined. ``carried``: the input that came with it (a
+        small blocking allreduce, core/engine/carried.py): when every rank's came, the tensor is emitted as one
+        REDUCED item, for rank 0's engine to reduce, instead of in a batch for the data plane."""
         self.progress += 1
         if request.rtype == RequestType.JOIN:
             self._joined.add(rank)
@@ -115,6 +118,11 @@ class Coordinator:
             if timeline is not None:
                 timeline.negotiate_start(name, _OP_NAMES[request.rtype])
         entry.requests[rank] = request
+        if carried is not None:
+            if entry.inputs is None:
+                entry.inputs = {rank: carried}
+            else:
+                entry.inputs[rank] = carried
         if timeline is not None:
             timeline.rank_ready(name, rank)
         self._refresh(name, entry)
@@ -250,7 +258,15 @@ class Coordinator:
                 self.timeline.end(names)           # QUEUE: emitted now
             for member in names:
                 self._ready.pop(member, None)      # members held by an earlier call already left the order
-                requests = self._pending.pop(member).requests
+                pending = self._pending.pop(member)
+                requests = pending.requests
+                if pending.inputs is not None and len(pending.inputs) == self.size and not group:
+                    result = self._construct(member, requests)
+                    if isinstance(result, str):
+                        out.append([Tag.ERROR, [member], result])
+                    else:
+                        out.append([Tag.REDUCED, result.to_wire(), [pending.inputs[p] for p in range(self.size)]])
+                    continue
                 cache_id = self.cache.lookup(member) if self.cache.enabled else None
                 if cache_id is not None and self._matches_cache(cache_id, requests):
                     unit.append(self.cache.get(cache_id))

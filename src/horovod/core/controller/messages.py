@@ -17,7 +17,8 @@ class Tag(str, enum.Enum):
     encodes as the letter it always was, and a decoded letter compares equal to its member)."""
 
     # worker -> coordinator
-    REQUESTS = "R"          # [R, [request, ...]]: collectives this rank submitted
+    REQUESTS = "R"          # [R, [request, ...](, wait flags(, [input bytes or None, ...]))]: collectives this
+                            # rank submitted; a blocking call's wait notice; carried inputs (engine/carried.py)
     WAITING = "W"           # [W, [name, ...], in_fast_round?]: this rank waits on these tensors
     UNWAITING = "U"         # [U, [name, ...]]: a wait taken back
     PARKED = "P"            # [P, name, seconds]: this rank has waited that long on a fast round
@@ -31,6 +32,7 @@ class Tag(str, enum.Enum):
     ABORT = "A"             # [A, reason]: the sender aborts, and why
     # the items of a RESPONSES list, which every rank applies in order
     BATCH = "T"             # [T, [item, ...]]: run these tensors, each a response-cache id or a wire TensorResponse
+    REDUCED = "C"           # [C, wire TensorResponse, result bytes]: a carried allreduce, reduced by rank 0
     ERROR = "E"             # [E, [name, ...], message]: these tensors fail with this message
     JOINED = "J"            # [J, last joined rank]: every rank has joined
     PARAMS = "V"            # [V, {name: value}]: the autotuner's new values, applied by every rank at this point

@@ -42,7 +42,7 @@ from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Tag, TensorResponse
 from horovod.core.controller.response_cache import ResponseCache
-from horovod.core.engine import fast_rounds, flight, lifecycle, loops
+from horovod.core.engine import carried, fast_rounds, flight, lifecycle, loops
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.device_planes import DevicePlanes
 from horovod.core.engine.entry import Entry
@@ -94,6 +94,7 @@ class Engine:
                                               flight.plane_namer(backend))
                             if settings.flight_recorder_size > 0 else None)
         self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
+        self.reduced = 0                # carried allreduces completed here (carried.py; tests and benchmarks read it)
         self.parks: List[loops.Park] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
@@ -176,6 +177,9 @@ class Engine:
         if fast is not None and entry.tensor is not None and not self.hooks.batch:
             key = fast.key(entry.request, entry.tensor.nbytes)
         if key is None:
+            if fast is None and entry.tensor is not None:
+                entry.carried = carried.carries(entry.request, entry.tensor.nbytes, self.size,
+                                                self.settings.coordinator_reduce_bytes)
             self._admit([entry], post=True, waited=True)
             return
         with self.lock:
@@ -258,6 +262,8 @@ class Engine:
         message = [Tag.REQUESTS, [e.request for e in entries]]
         if waited:
             message.append(self.waits.notice_with_requests(entries[0].handle))
+            if entries[0].carried:
+                message.append([carried.payload(entries[0].tensor)])
         try:
             self.control.send_to_coordinator(message)
         except PeerLostError:
@@ -425,6 +431,8 @@ class Engine:
             if kind == Tag.BATCH:
                 batch = [cache.get(x) if isinstance(x, int) else TensorResponse.from_wire(x) for x in item[1]]
                 decoded.append((Tag.BATCH, batch, item[1]))
+            elif kind == Tag.REDUCED:
+                decoded.append((kind, [TensorResponse.from_wire(item[1])], item[2]))
             else:
                 decoded.append((kind, item, None))
         for kind, batch, raw in decoded:
@@ -434,9 +442,11 @@ class Engine:
                         cache.touch(ref)
                     else:
                         cache.put(response)
-        for kind, payload, _ in decoded:
+        for kind, payload, result in decoded:
             if kind == Tag.BATCH:
                 self._execute(payload, arrived)
+            elif kind == Tag.REDUCED:
+                self._execute(payload, arrived, result)
             elif kind == Tag.ERROR:
                 self._fail_names(payload[1], payload[2])
             elif kind == Tag.PARAMS:
@@ -461,7 +471,9 @@ class Engine:
         with self.lock:
             return self.table.pop(name, None)
 
-    def _execute(self, batch: List[TensorResponse], arrived: Optional[float] = None) -> None:
+    def _execute(self, batch: List[TensorResponse], arrived: Optional[float] = None,
+                 reduced: Optional[bytes] = None) -> None:
+        """Run one batch on this rank (``reduced``: complete a carried allreduce with rank 0's result)."""
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
         observers = self.hooks.batch
@@ -471,9 +483,9 @@ class Engine:
         self.backend.progress = 0
         try:
             if not observers:
-                run_batch(self, batch, entries)
+                self._run(batch, entries, reduced)
             else:
-                self._run_observed(observers, batch, entries)
+                self._run_observed(observers, batch, entries, reduced)
         except BaseException as exc:
             if isinstance(exc, PeerLostError) and self.stall_reason is None:
                 # A lost peer: the abort that follows learns the root cause (another rank's reason may be on its
@@ -496,14 +508,21 @@ class Engine:
         finally:
             self.running = None
 
+    def _run(self, batch: List[TensorResponse], entries: List[Optional[Entry]], reduced: Optional[bytes]) -> None:
+        if reduced is None:
+            run_batch(self, batch, entries)
+        else:
+            carried.finish(batch, entries, reduced)
+            self.reduced += 1
+
     def _run_observed(self, observers: Sequence[EngineObserver], batch: List[TensorResponse],
-                      entries: List[Optional[Entry]]) -> None:
+                      entries: List[Optional[Entry]], reduced: Optional[bytes]) -> None:
         """Run a batch between the observers' start and end hooks."""
         names = [r.name for r in batch]
         for observer in observers:
             observer.on_batch_start(names)
         try:
-            run_batch(self, batch, entries)
+            self._run(batch, entries, reduced)
         finally:
             now = time.perf_counter_ns()
             for observer in observers:

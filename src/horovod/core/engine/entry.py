@@ -12,7 +12,7 @@ from horovod.core.engine.handles import Handle
 class Entry:
     """This rank's side of one named collective: its request, buffers and handle."""
 
-    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index", "flight")
+    __slots__ = ("request", "tensor", "output", "allocate", "handle", "index", "flight", "carried")
 
     def __init__(self, request: Request, tensor: Optional[np.ndarray], output: Optional[np.ndarray],
                  handle: Handle, index: int = 0,
@@ -24,6 +24,7 @@ class Entry:
         self.handle = handle
         self.index = index
         self.flight: Optional[list] = None      # this collective's flight record (core/engine/flight.py)
+        self.carried = False        # its input goes to rank 0 with its request (core/engine/carried.py)
 
     @property
     def name(self) -> str:

@@ -15,6 +15,7 @@ from horovod.backends.comm import PeerLostError
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Request, Tag
+from horovod.core.engine import carried
 from horovod.core.engine.control import ControlChannel
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.observer import EngineObserver, Hooks
@@ -128,7 +129,7 @@ def _take_local(engine: Looping) -> Optional[float]:
         else:
             coord.unpark(0, name)
     for entry in entries:
-        coord.add_request(0, entry.request)
+        coord.add_request(0, entry.request, entry.tensor if entry.carried else None)
     if notes:
         for begins, names, several in notes:
             if begins:
@@ -144,8 +145,9 @@ def _from_worker(engine: Looping, peer: int, msg: list) -> None:
     coord = engine.coordinator
     kind = msg[0]
     if kind == Tag.REQUESTS:
-        for fields in msg[1]:
-            coord.add_request(peer, Request._make(fields))
+        inputs = msg[3] if len(msg) > 3 else None      # a carried request's input (engine/carried.py)
+        for i, fields in enumerate(msg[1]):
+            coord.add_request(peer, Request._make(fields), inputs[i] if inputs is not None else None)
         if len(msg) > 2:            # a blocking call's requests, with the wait notice (waits.notice_with_requests)
             coord.mark_waiting(peer, [fields[0] for fields in msg[1]], bool(msg[2] & SEVERAL_THREADS))
             engine.active()
@@ -170,6 +172,7 @@ def _emit(engine: Looping) -> None:
     items = engine.coordinator.take_ready()
     if not items:
         return
+    carried.reduce_items(items, engine.control.ranks)
     engine.control.broadcast([Tag.RESPONSES, items])
     engine.apply(items)
     engine.active()

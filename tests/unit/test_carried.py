@@ -1,0 +1,177 @@
+"""Carried allreduces (core/engine/carried.py) in one process: which requests carry their input, the numbers rank 0
+computes (the tcp plane's direct exchange, bit for bit), the coordinator's REDUCED items, and a worker engine's
+side of the wire. The multi-rank runs are tests/parallel/test_coordinator_reduce.py."""
+import socket
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from horovod.backends.local import LocalBackend
+from horovod.backends.tcp import TcpBackend
+from horovod.common import wire
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
+from horovod.core.controller import Coordinator
+from horovod.core.controller.messages import Tag, TensorResponse, make_request
+from horovod.core.controller.response_cache import ResponseCache
+from horovod.core.engine import Engine, Entry, carried, loops, waits
+from horovod.core.engine.handles import Handle
+from horovod.core.engine.layouts import summed
+from horovod.core.engine.settings import EngineSettings
+from tests.unit.test_engine import SMALL, received
+from tests.unit.test_tcp_algorithms import close_comms, make_comms, run_ranks
+
+
+def _request(name="t", shape=(8,), rtype=RequestType.ALLREDUCE, op=ReduceOp.SUM, dtype=DataType.FLOAT32, **kw):
+    return make_request(name, rtype, dtype, shape, op, **kw)
+
+
+def test_which_requests_carry_their_input():
+    small = _request(shape=(1024,))                               # 4 KB
+    assert carried.carries(small, 4096, 2, 32768)
+    assert carried.carries(small, 4096, 9, 32768)                 # 8 x 4 KB through rank 0: the budget exactly
+    assert not carried.carries(small, 4096, 10, 32768)
+    assert not carried.carries(small, 4096, 1, 32768)             # one rank: nothing to send
+    assert not carried.carries(small, 4096, 2, 0)                 # turned off
+    assert not carried.carries(_request(shape=(0,)), 0, 2, 0)     # ... even for an empty tensor
+    for op in (ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        assert carried.carries(_request(op=op), 32, 2, 32768)
+    assert not carried.carries(_request(op=ReduceOp.ADASUM), 32, 2, 32768)
+    assert not carried.carries(_request(group="g", group_size=2), 32, 2, 32768)
+    assert not carried.carries(_request(device=1), 32, 2, 32768)
+    for rtype in (RequestType.ALLGATHER, RequestType.BROADCAST, RequestType.REDUCESCATTER):
+        assert not carried.carries(_request(rtype=rtype), 32, 2, 32768)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.float64])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 3.0)])
+def test_rank_0_computes_the_direct_exchanges_bits(dtype, op, scales):
+    """Rank order, prescale then postscale, Average as a scaled Sum: what the tcp plane's direct exchange gives
+    (the same kernels in the same order), checked against that algorithm run on 3 ranks."""
+    size, count = 3, 1001
+    rng = np.random.default_rng(7)
+    inputs = [(rng.standard_normal(count) * 4).astype(dtype) for _ in range(size)]
+    prescale, postscale = scales
+    response = TensorResponse("t", int(RequestType.ALLREDUCE), int(data_type_of(np.dtype(dtype))), [count], int(op),
+                              prescale, postscale, -1, None)
+    wire_inputs = [inputs[0]] + [x.tobytes() for x in inputs[1:]]      # rank 0's own array, the workers' bytes
+    got = carried.reduce_inputs(response, wire_inputs, [0, 1, 2])
+    comms = make_comms(size)
+    try:
+        reduce_op, post = summed(op, postscale, size)
+
+        def rank(r):
+            backend = TcpBackend(comms[r])
+            backend.allreduce_algorithm = "direct"
+            out = np.empty(count, dtype)
+            backend.allreduce([inputs[r]], [out], reduce_op, prescale, post)
+            return out
+        planes = run_ranks(size, rank)
+    finally:
+        close_comms(comms)
+    assert got.dtype == np.dtype(dtype)
+    for plane in planes:
+        assert got.tobytes() == plane.tobytes()
+
+
+def test_an_input_of_the_wrong_size_names_its_rank():
+    response = TensorResponse("w", int(RequestType.ALLREDUCE), int(DataType.FLOAT32), [4], int(ReduceOp.SUM),
+                              1.0, 1.0, -1, None)
+    with pytest.raises(HorovodInternalError, match=r"tensor 'w': rank 5 sent 3 elements with its request, 4 "
+                                                   r"expected.*HOROVOD_COORDINATOR_REDUCE_BYTES"):
+        carried.reduce_inputs(response, [np.ones(4, np.float32), np.ones(3, np.float32).tobytes()], [2, 5])
+
+
+def _coordinator(size=3):
+    return Coordinator(size, ResponseCache(16), 1 << 20)
+
+
+def test_the_coordinator_emits_a_reduced_item_when_every_rank_carried_its_input():
+    coord = _coordinator()
+    inputs = [np.full(8, r + 1.0, np.float32) for r in range(3)]
+    coord.add_request(1, _request("c"), inputs[1].tobytes())
+    coord.add_request(0, _request("c"), inputs[0])
+    assert not coord.has_ready()
+    coord.add_request(2, _request("c"), inputs[2].tobytes())
+    items = coord.take_ready()
+    assert [item[0] for item in items] == [Tag.REDUCED]
+    assert TensorResponse.from_wire(items[0][1]).name == "c"
+    assert items[0][2][0] is inputs[0] and items[0][2][1:] == [inputs[1].tobytes(), inputs[2].tobytes()]
+    carried.reduce_items(items, [0, 1, 2])
+    np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32), np.full(8, 6.0, np.float32))
+    assert coord.take_ready() == []
+
+
+def test_without_every_ranks_input_the_tensor_goes_to_the_data_plane():
+    coord = _coordinator()
+    coord.add_request(0, _request("d"), np.ones(8, np.float32))
+    coord.add_request(1, _request("d"), np.ones(8, np.float32).tobytes())
+    coord.add_request(2, _request("d"))                     # HOROVOD_COORDINATOR_REDUCE_BYTES=0 there, say
+    assert [item[0] for item in coord.take_ready()] == [Tag.BATCH]
+    joined = _coordinator(2)
+    joined.add_request(1, make_request("join", RequestType.JOIN, DataType.FLOAT32, []))
+    joined.add_request(0, _request("j"), np.ones(8, np.float32))
+    assert [item[0] for item in joined.take_ready()] == [Tag.BATCH]     # rank 1 contributes zeros there
+
+
+def test_carried_requests_that_disagree_fail_as_any_other():
+    coord = _coordinator(2)
+    coord.add_request(0, _request("m", shape=(3,)), np.ones(3, np.float32))
+    coord.add_request(1, _request("m", shape=(4,)), np.ones(4, np.float32).tobytes())
+    items = coord.take_ready()
+    assert items[0][0] == Tag.ERROR and "Mismatched ALLREDUCE tensor shapes for tensor 'm'" in items[0][2]
+
+
+def test_a_workers_carried_input_reaches_the_coordinator():
+    coordinator = _coordinator(2)
+    engine = SimpleNamespace(coordinator=coordinator, active=lambda: None)
+    loops._from_worker(engine, 1, [Tag.REQUESTS, [list(_request("w"))], waits.WAITED,
+                                   [np.full(8, 2.0, np.float32).tobytes()]])
+    coordinator.add_request(0, _request("w"), np.ones(8, np.float32))
+    items = carried.reduce_items(coordinator.take_ready(), [0, 1])
+    np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32), np.full(8, 3.0, np.float32))
+
+
+@pytest.fixture
+def worker():
+    ours, coordinator_end = socket.socketpair()
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL)).start()
+    yield engine, coordinator_end
+    coordinator_end.close()
+    engine.shutdown()
+
+
+def _entry(name, tensor):
+    request = make_request(name, RequestType.ALLREDUCE, DataType.FLOAT32, tensor.shape, ReduceOp.SUM)
+    return Entry(request, tensor, np.empty_like(tensor), Handle(name))
+
+
+def test_a_worker_sends_a_blocking_calls_input_and_completes_it_with_rank_0s_result(worker):
+    engine, coord = worker
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    entry = _entry("b", x)
+    engine.submit_blocking(entry)
+    [message] = received(coord, 0.2)
+    assert message[0] == "R" and message[2] == waits.WAITED and message[3] == [x.tobytes()]
+    engine.enqueue([_entry("a", x)])                                    # an async call: no input
+    [message] = received(coord, 0.2)
+    assert len(message) == 2
+    response = TensorResponse("b", int(RequestType.ALLREDUCE), int(DataType.FLOAT32), [2, 3], int(ReduceOp.SUM),
+                              1.0, 1.0, -1, None)
+    wire.send_msg(coord, [Tag.RESPONSES, [[Tag.REDUCED, response.to_wire(), (x * 2).tobytes()]]])
+    np.testing.assert_array_equal(entry.handle.wait(timeout=10), x * 2)
+    assert engine.reduced == 1 and entry.output.shape == (2, 3)
+
+
+def test_a_worker_with_the_budget_at_0_sends_no_input():
+    ours, coordinator_end = socket.socketpair()
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL, coordinator_reduce_bytes=0)).start()
+    try:
+        engine.submit_blocking(_entry("z", np.ones(3, np.float32)))
+        [message] = received(coordinator_end, 0.2)
+        assert len(message) == 3
+    finally:
+        coordinator_end.close()
+        engine.shutdown()
