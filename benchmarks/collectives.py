@@ -65,7 +65,7 @@ PEERS = ["horovod", "mpi4py", "torch-gloo"]
 # Variants of this project measured on request: name -> environment.
 # horovod-no-fast-rounds: every op through the coordinator and the data plane (none reduced by the coordinator).
 VARIANTS = {"horovod-slots": {"HOROVOD_SHM_CROSS_MEMORY": "0"},
-            "horovod-no-fast-rounds": {"HOROVOD_FAST_ROUNDS": "0", "HOROVOD_COORDINATOR_REDUCE_BYTES": "0"}}
+            "horovod-no-fast-rounds": {"HOROVOD_FAST_ROUNDS": "0", "HOROVOD_COORDINATOR_CARRY_BYTES": "0"}}
 
 
 def _command(peer: str, np: int, size_arg: str, out: Path, adasum: bool) -> Optional[List[str]]:

@@ -15,7 +15,7 @@ from horovod.core import ops
 
 def _blocking_small(small: np.ndarray) -> None:
     """The 4 KB allreduce as the bindings' blocking calls make it (``hvd.allreduce``): a small one is then reduced
-    by the coordinator (core/engine/carried.py; HOROVOD_COORDINATOR_REDUCE_BYTES=0 sends it through the data
+    by the coordinator (core/engine/carried.py; HOROVOD_COORDINATOR_CARRY_BYTES=0 sends it through the data
     plane, as an async call goes)."""
     with ops.blocking():
         ops.allreduce_async(small, small, name="xh.small", op=hvd.Sum).wait()

@@ -40,14 +40,14 @@ def test_parallel(np_):
 def test_carried_allreduces_on_the_tcp_plane(np_):
     """Small blocking allreduces reduced by the coordinator (core/engine/carried.py), which jobs on one host never
     use (their fast rounds take those calls); one rank is in test_parallel."""
-    run_parallel_tests(np_, "test_coordinator_reduce.py", env={"HOROVOD_CPU_OPERATIONS": "tcp"}, timeout=JOB_TIMEOUT,
+    run_parallel_tests(np_, "test_carried_collectives.py", env={"HOROVOD_CPU_OPERATIONS": "tcp"}, timeout=JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
 
 @pytest.mark.slow
 def test_parallel_hierarchical_two_hosts():
     files = MAIN + ["test_join_barrier.py", "test_errors.py", "test_adasum.py", "test_process_sets.py",
-                    "test_coordinator_reduce.py"]
+                    "test_carried_collectives.py"]
     result = run_parallel_tests(4, files, hosts=TWO_HOSTS, env={EXPECT: "hierarchical"}, timeout=FILES_JOB_TIMEOUT,
                                 pytest_args=PER_TEST_TIMEOUT)
     assert "[3]<stdout>" in result.stdout
@@ -67,7 +67,7 @@ def test_hierarchical_adasum_and_every_rank_across_two_hosts():
 @pytest.mark.slow
 def test_parallel_tcp_data_plane():
     # every set on a tcp plane of its own too; small blocking allreduces reduced by the coordinator
-    files = MAIN + ["test_process_sets.py", "test_adasum.py", "test_coordinator_reduce.py"]
+    files = MAIN + ["test_process_sets.py", "test_adasum.py", "test_carried_collectives.py"]
     run_parallel_tests(3, files, env={"HOROVOD_CPU_OPERATIONS": "tcp", EXPECT: "tcp"}, timeout=FILES_JOB_TIMEOUT,
                        pytest_args=PER_TEST_TIMEOUT)
 
@@ -81,8 +81,8 @@ def test_parallel_tcp_data_plane():
     # small blocking allreduces through the coordinator and the data plane too, there with neither fusion nor the
     # cache (the default fusion and cache already run every async op through the coordinator)
     {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CACHE_CAPACITY": "0", "HOROVOD_FAST_ROUNDS": "0",
-     "HOROVOD_COORDINATOR_REDUCE_BYTES": "0"},
-    {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", "HOROVOD_COORDINATOR_REDUCE_BYTES": "0",
+     "HOROVOD_COORDINATOR_CARRY_BYTES": "0"},
+    {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_SMALL_BYTES": "0", "HOROVOD_COORDINATOR_CARRY_BYTES": "0",
      EXPECT: "tcp"},   # the ring path, every size
 ], ids=["small_shm_chunks_group_fusion_off_tiny_cache", "no_fusion_no_cache_no_fast_rounds", "tcp_ring_only"])
 def test_parallel_knob_variants(env):

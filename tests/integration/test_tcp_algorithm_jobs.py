@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.mark.parametrize("np_", [3, 8])
 def test_every_tcp_algorithm_forced_by_its_knob(np_):
     # many pipeline chunks; small blocking allreduces on the data plane too (not reduced by the coordinator)
-    env = {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_CHUNK_BYTES": "65536", "HOROVOD_COORDINATOR_REDUCE_BYTES": "0"}
+    env = {"HOROVOD_CPU_OPERATIONS": "tcp", "HOROVOD_TCP_CHUNK_BYTES": "65536", "HOROVOD_COORDINATOR_CARRY_BYTES": "0"}
     result = horovodrun(np_, [sys.executable, str(WORKER)], env=env, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:]
     for rank in range(np_):

@@ -1,6 +1,7 @@
-"""Carried allreduces (core/engine/carried.py) in one process: which requests carry their input, the numbers rank 0
-computes (the tcp plane's direct exchange, bit for bit), the coordinator's REDUCED items, and a worker engine's
-side of the wire. The multi-rank runs are tests/parallel/test_coordinator_reduce.py."""
+"""Carried collectives (core/engine/carried.py) in one process: which requests carry their input, the numbers rank 0
+computes (the tcp plane's direct exchange, bit for bit), the coordinator's CARRIED items for allreduce, broadcast
+and allgather, and a worker engine's side of the wire. The multi-rank runs are
+tests/parallel/test_carried_collectives.py."""
 import socket
 from types import SimpleNamespace
 
@@ -40,8 +41,14 @@ def test_which_requests_carry_their_input():
     assert not carried.carries(_request(op=ReduceOp.ADASUM), 32, 2, 32768)
     assert not carried.carries(_request(group="g", group_size=2), 32, 2, 32768)
     assert not carried.carries(_request(device=1), 32, 2, 32768)
-    for rtype in (RequestType.ALLGATHER, RequestType.BROADCAST, RequestType.REDUCESCATTER):
+    for rtype in (RequestType.REDUCESCATTER, RequestType.ALLTOALL, RequestType.BARRIER):
         assert not carried.carries(_request(rtype=rtype), 32, 2, 32768)
+    broadcast = _request(rtype=RequestType.BROADCAST, root=2)
+    assert carried.carries(broadcast, 4096, 9, 32768) and not carried.carries(broadcast, 4097, 9, 32768)
+    assert carried.sends_input(broadcast, 2) and not carried.sends_input(broadcast, 0)    # only the root's
+    gather = _request(rtype=RequestType.ALLGATHER)            # the result: this rank's input times the ranks
+    assert carried.carries(gather, 2048, 4, 24576) and not carried.carries(gather, 2049, 4, 24576)
+    assert carried.sends_input(gather, 0) and carried.sends_input(small, 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.float64])
@@ -79,8 +86,8 @@ def test_rank_0_computes_the_direct_exchanges_bits(dtype, op, scales):
 def test_an_input_of_the_wrong_size_names_its_rank():
     response = TensorResponse("w", int(RequestType.ALLREDUCE), int(DataType.FLOAT32), [4], int(ReduceOp.SUM),
                               1.0, 1.0, -1, None)
-    with pytest.raises(HorovodInternalError, match=r"tensor 'w': rank 5 sent 3 elements with its request, 4 "
-                                                   r"expected.*HOROVOD_COORDINATOR_REDUCE_BYTES"):
+    with pytest.raises(HorovodInternalError, match=r"ALLREDUCE of tensor 'w': rank 5 sent 3 elements with its "
+                                                   r"request, 4 expected.*HOROVOD_COORDINATOR_CARRY_BYTES"):
         carried.reduce_inputs(response, [np.ones(4, np.float32), np.ones(3, np.float32).tobytes()], [2, 5])
 
 
@@ -96,19 +103,51 @@ def test_the_coordinator_emits_a_reduced_item_when_every_rank_carried_its_input(
     assert not coord.has_ready()
     coord.add_request(2, _request("c"), inputs[2].tobytes())
     items = coord.take_ready()
-    assert [item[0] for item in items] == [Tag.REDUCED]
+    assert [item[0] for item in items] == [Tag.CARRIED]
     assert TensorResponse.from_wire(items[0][1]).name == "c"
     assert items[0][2][0] is inputs[0] and items[0][2][1:] == [inputs[1].tobytes(), inputs[2].tobytes()]
-    carried.reduce_items(items, [0, 1, 2])
+    carried.finish_items(items, [0, 1, 2])
     np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32), np.full(8, 6.0, np.float32))
     assert coord.take_ready() == []
+
+
+def test_a_broadcast_is_carried_with_its_roots_input_alone():
+    coord = _coordinator()
+    root = np.arange(6, dtype=np.int32)
+    for rank in (0, 2):
+        coord.add_request(rank, _request("b", shape=(6,), rtype=RequestType.BROADCAST, dtype=DataType.INT32, root=1))
+    coord.add_request(1, _request("b", shape=(6,), rtype=RequestType.BROADCAST, dtype=DataType.INT32, root=1),
+                      root.tobytes())
+    items = carried.finish_items(coord.take_ready(), [0, 1, 2])
+    assert items[0][0] == Tag.CARRIED and items[0][2] == root.tobytes()
+    coord.add_request(0, _request("n", rtype=RequestType.BROADCAST, root=1), np.ones(8, np.float32))
+    for rank in (1, 2):                                         # the root sent nothing: the data plane
+        coord.add_request(rank, _request("n", rtype=RequestType.BROADCAST, root=1))
+    assert [item[0] for item in coord.take_ready()] == [Tag.BATCH]
+
+
+def test_an_allgather_is_carried_as_the_inputs_in_rank_order():
+    coord = _coordinator()
+    rows = [np.full((r + 1, 2), r, np.float32) for r in range(3)]
+    for rank in (2, 0, 1):
+        coord.add_request(rank, _request("g", shape=rows[rank].shape, rtype=RequestType.ALLGATHER),
+                          rows[rank] if rank == 0 else rows[rank].tobytes())
+    items = carried.finish_items(coord.take_ready(), [0, 1, 2])
+    assert items[0][0] == Tag.CARRIED and TensorResponse.from_wire(items[0][1]).extra == [1, 2, 3]
+    np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32).reshape(6, 2), np.concatenate(rows))
+    coord.add_request(0, _request("s", shape=(2, 2), rtype=RequestType.ALLGATHER), np.ones((2, 2), np.float32))
+    coord.add_request(1, _request("s", shape=(1, 2), rtype=RequestType.ALLGATHER), np.ones(1, np.float32).tobytes())
+    coord.add_request(2, _request("s", shape=(1, 2), rtype=RequestType.ALLGATHER), np.ones(2, np.float32).tobytes())
+    with pytest.raises(HorovodInternalError, match=r"ALLGATHER of tensor 's': rank 1 sent 1 elements with its "
+                                                   r"request, 2 expected"):
+        carried.finish_items(coord.take_ready(), [0, 1, 2])
 
 
 def test_without_every_ranks_input_the_tensor_goes_to_the_data_plane():
     coord = _coordinator()
     coord.add_request(0, _request("d"), np.ones(8, np.float32))
     coord.add_request(1, _request("d"), np.ones(8, np.float32).tobytes())
-    coord.add_request(2, _request("d"))                     # HOROVOD_COORDINATOR_REDUCE_BYTES=0 there, say
+    coord.add_request(2, _request("d"))                     # HOROVOD_COORDINATOR_CARRY_BYTES=0 there, say
     assert [item[0] for item in coord.take_ready()] == [Tag.BATCH]
     joined = _coordinator(2)
     joined.add_request(1, make_request("join", RequestType.JOIN, DataType.FLOAT32, []))
@@ -130,7 +169,7 @@ def test_a_workers_carried_input_reaches_the_coordinator():
     loops._from_worker(engine, 1, [Tag.REQUESTS, [list(_request("w"))], waits.WAITED,
                                    [np.full(8, 2.0, np.float32).tobytes()]])
     coordinator.add_request(0, _request("w"), np.ones(8, np.float32))
-    items = carried.reduce_items(coordinator.take_ready(), [0, 1])
+    items = carried.finish_items(coordinator.take_ready(), [0, 1])
     np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32), np.full(8, 3.0, np.float32))
 
 
@@ -160,14 +199,14 @@ def test_a_worker_sends_a_blocking_calls_input_and_completes_it_with_rank_0s_res
     assert len(message) == 2
     response = TensorResponse("b", int(RequestType.ALLREDUCE), int(DataType.FLOAT32), [2, 3], int(ReduceOp.SUM),
                               1.0, 1.0, -1, None)
-    wire.send_msg(coord, [Tag.RESPONSES, [[Tag.REDUCED, response.to_wire(), (x * 2).tobytes()]]])
+    wire.send_msg(coord, [Tag.RESPONSES, [[Tag.CARRIED, response.to_wire(), (x * 2).tobytes()]]])
     np.testing.assert_array_equal(entry.handle.wait(timeout=10), x * 2)
-    assert engine.reduced == 1 and entry.output.shape == (2, 3)
+    assert engine.carried_ops == 1 and entry.output.shape == (2, 3)
 
 
 def test_a_worker_with_the_budget_at_0_sends_no_input():
     ours, coordinator_end = socket.socketpair()
-    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL, coordinator_reduce_bytes=0)).start()
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL, coordinator_carry_bytes=0)).start()
     try:
         engine.submit_blocking(_entry("z", np.ones(3, np.float32)))
         [message] = received(coordinator_end, 0.2)
@@ -175,3 +214,27 @@ def test_a_worker_with_the_budget_at_0_sends_no_input():
     finally:
         coordinator_end.close()
         engine.shutdown()
+
+
+def test_a_worker_completes_a_carried_allgather_in_an_output_of_its_own(worker):
+    engine, coord = worker
+    x = np.ones((1, 2), np.float32)
+    request = make_request("ag", RequestType.ALLGATHER, DataType.FLOAT32, x.shape)
+    entry = Entry(request, x, None, Handle("ag"))
+    engine.submit_blocking(entry)
+    [message] = received(coord, 0.2)
+    assert message[3] == [x.tobytes()]
+    response = TensorResponse("ag", int(RequestType.ALLGATHER), int(DataType.FLOAT32), [2], int(ReduceOp.SUM),
+                              1.0, 1.0, -1, [2, 1])
+    gathered = np.arange(6, dtype=np.float32)
+    wire.send_msg(coord, [Tag.RESPONSES, [[Tag.CARRIED, response.to_wire(), gathered.tobytes()]]])
+    np.testing.assert_array_equal(entry.handle.wait(timeout=10), gathered.reshape(3, 2))
+
+
+def test_a_non_root_worker_sends_no_input_with_a_carried_broadcast(worker):
+    engine, coord = worker
+    x = np.zeros(4, np.float32)
+    request = make_request("bc", RequestType.BROADCAST, DataType.FLOAT32, x.shape, root=0)
+    engine.submit_blocking(Entry(request, x, x, Handle("bc")))
+    [message] = received(coord, 0.2)
+    assert len(message) == 3, message

@@ -228,11 +228,11 @@ _KNOBS = [
          "Let a small blocking allreduce agree and reduce through shared memory, without the coordinator, when "
          "every rank is on one host and idle (docs/architecture.md); 0 sends every op through the coordinator.",
          ours=True),
-    Knob("HOROVOD_COORDINATOR_REDUCE_BYTES", int, 32 * 1024,
-         "A small blocking allreduce that no fast round takes (its ranks span hosts) sends its input with its "
-         "request, and rank 0 reduces it and answers with the result: one round trip, no data-plane steps, while "
-         "its bytes times the ranks less one stay within this (what rank 0 receives and sends). 0 turns it off; "
-         "set it alike on every rank (docs/architecture.md).", ours=True),
+    Knob("HOROVOD_COORDINATOR_CARRY_BYTES", int, 32 * 1024,
+         "A small blocking allreduce, broadcast or allgather that no fast round takes (its ranks span hosts) sends "
+         "its input with its request, and rank 0 answers with the result: one round trip, no data-plane steps, "
+         "while the result times the ranks less one (what rank 0 sends) stays within this. 0 turns it off; set it "
+         "alike on every rank (docs/architecture.md).", ours=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping, as do the data plane's "
          "receives; 0 never polls. Nothing polls where the job's ranks on one machine (one kernel: network "

@@ -134,7 +134,7 @@ def _settings(topo: topology.Topology, on_machine: int = 1) -> EngineSettings:
         bucket_ms=config.get("HOROVOD_FUSION_BUCKET_MS"),
         fast_rounds=config.get("HOROVOD_FAST_ROUNDS"),
         flight_recorder_size=config.get("HOROVOD_FLIGHT_RECORDER_SIZE"),
-        coordinator_reduce_bytes=config.get("HOROVOD_COORDINATOR_REDUCE_BYTES"),
+        coordinator_carry_bytes=config.get("HOROVOD_COORDINATOR_CARRY_BYTES"),
         affinity=_engine_core(topo))
 
 

@@ -59,6 +59,16 @@ def _disagreement(requests: Dict[int, list], key, ranks: List[int]) -> Optional[
     return None if len(by_value) == 1 else _ranks_text(by_value)
 
 
+def carried_inputs(request: Request, inputs: Dict[int, object], size: int, ranks: List[int]) -> Optional[list]:
+    """The inputs a carried tensor (core/engine/carried.py) is completed with, once every one it needs came: the
+    root's for a broadcast, every rank's in rank order otherwise (``inputs``: by position; ``ranks``: position ->
+    global rank); None while one is missing (a joined rank, a rank that did not carry)."""
+    if request.rtype == RequestType.BROADCAST:
+        root = ranks.index(request.root) if request.root in ranks else -1
+        return [inputs[root]] if root in inputs else None
+    return [inputs[p] for p in range(size)] if len(inputs) == size else None
+
+
 class _Pending:
     __slots__ = ("requests", "first_seen", "waiting", "inputs")
 
@@ -99,8 +109,8 @@ class Coordinator:
     # ----------------------------------------------------------------- intake
     def add_request(self, rank: int, request: Request, carried: object = None) -> None:
         """Record ``rank``'s request; JOIN marks the rank joined. ``carried``: the input that came with it (a
-        small blocking allreduce, core/engine/carried.py): when every rank's came, the tensor is emitted as one
-        REDUCED item, for rank 0's engine to reduce, instead of in a batch for the data plane."""
+        small blocking collective, core/engine/carried.py): when every input it needs came, the tensor is
+        emitted as one CARRIED item, for rank 0's engine to complete, instead of in a batch for the data plane."""
         self.progress += 1
         if request.rtype == RequestType.JOIN:
             self._joined.add(rank)
@@ -260,12 +270,14 @@ class Coordinator:
                 self._ready.pop(member, None)      # members held by an earlier call already left the order
                 pending = self._pending.pop(member)
                 requests = pending.requests
-                if pending.inputs is not None and len(pending.inputs) == self.size and not group:
+                inputs = (carried_inputs(request, pending.inputs, self.size, self.ranks)
+                          if pending.inputs is not None and not group else None)
+                if inputs is not None:
                     result = self._construct(member, requests)
                     if isinstance(result, str):
                         out.append([Tag.ERROR, [member], result])
                     else:
-                        out.append([Tag.REDUCED, result.to_wire(), [pending.inputs[p] for p in range(self.size)]])
+                        out.append([Tag.CARRIED, result.to_wire(), inputs])
                     continue
                 cache_id = self.cache.lookup(member) if self.cache.enabled else None
                 if cache_id is not None and self._matches_cache(cache_id, requests):

@@ -32,7 +32,7 @@ class Tag(str, enum.Enum):
     ABORT = "A"             # [A, reason]: the sender aborts, and why
     # the items of a RESPONSES list, which every rank applies in order
     BATCH = "T"             # [T, [item, ...]]: run these tensors, each a response-cache id or a wire TensorResponse
-    REDUCED = "C"           # [C, wire TensorResponse, result bytes]: a carried allreduce, reduced by rank 0
+    CARRIED = "C"           # [C, wire TensorResponse, result bytes]: a carried collective (engine/carried.py)
     ERROR = "E"             # [E, [name, ...], message]: these tensors fail with this message
     JOINED = "J"            # [J, last joined rank]: every rank has joined
     PARAMS = "V"            # [V, {name: value}]: the autotuner's new values, applied by every rank at this point

@@ -94,7 +94,7 @@ class Engine:
                                               flight.plane_namer(backend))
                             if settings.flight_recorder_size > 0 else None)
         self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
-        self.reduced = 0                # carried allreduces completed here (carried.py; tests and benchmarks read it)
+        self.carried_ops = 0            # carried collectives completed here (carried.py; tests and benchmarks read it)
         self.parks: List[loops.Park] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
@@ -178,8 +178,9 @@ class Engine:
             key = fast.key(entry.request, entry.tensor.nbytes)
         if key is None:
             if fast is None and entry.tensor is not None:
-                entry.carried = carried.carries(entry.request, entry.tensor.nbytes, self.size,
-                                                self.settings.coordinator_reduce_bytes)
+                entry.carried = (carried.carries(entry.request, entry.tensor.nbytes, self.size,
+                                                 self.settings.coordinator_carry_bytes)
+                                 and carried.sends_input(entry.request, self.global_rank))
             self._admit([entry], post=True, waited=True)
             return
         with self.lock:
@@ -431,7 +432,7 @@ class Engine:
             if kind == Tag.BATCH:
                 batch = [cache.get(x) if isinstance(x, int) else TensorResponse.from_wire(x) for x in item[1]]
                 decoded.append((Tag.BATCH, batch, item[1]))
-            elif kind == Tag.REDUCED:
+            elif kind == Tag.CARRIED:
                 decoded.append((kind, [TensorResponse.from_wire(item[1])], item[2]))
             else:
                 decoded.append((kind, item, None))
@@ -445,7 +446,7 @@ class Engine:
         for kind, payload, result in decoded:
             if kind == Tag.BATCH:
                 self._execute(payload, arrived)
-            elif kind == Tag.REDUCED:
+            elif kind == Tag.CARRIED:
                 self._execute(payload, arrived, result)
             elif kind == Tag.ERROR:
                 self._fail_names(payload[1], payload[2])
@@ -513,7 +514,7 @@ class Engine:
             run_batch(self, batch, entries)
         else:
             carried.finish(batch, entries, reduced)
-            self.reduced += 1
+            self.carried_ops += 1
 
     def _run_observed(self, observers: Sequence[EngineObserver], batch: List[TensorResponse],
                       entries: List[Optional[Entry]], reduced: Optional[bytes]) -> None:

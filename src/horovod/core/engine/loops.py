@@ -172,7 +172,7 @@ def _emit(engine: Looping) -> None:
     items = engine.coordinator.take_ready()
     if not items:
         return
-    carried.reduce_items(items, engine.control.ranks)
+    carried.finish_items(items, engine.control.ranks)
     engine.control.broadcast([Tag.RESPONSES, items])
     engine.apply(items)
     engine.active()

@@ -42,7 +42,7 @@ class EngineSettings:
     hosts: Optional[List[str]] = None        # each rank's host, for error messages
     fast_rounds: bool = True                 # small blocking allreduces may skip the coordinator (fast_rounds.py)
     flight_recorder_size: int = 2000         # collectives the flight record keeps (flight.py); 0: none
-    coordinator_reduce_bytes: int = 32 * 1024    # a small blocking allreduce's bytes through rank 0 (carried.py)
+    coordinator_carry_bytes: int = 32 * 1024     # a small blocking collective's bytes from rank 0 (carried.py)
 
     def hold_seconds(self) -> float:
         """How long the coordinator may hold a ready tensor nobody waits on: the cycle time or the bucket window."""
