@@ -240,7 +240,8 @@ class Coordinator:
 
     # ----------------------------------------------------------------- output
     def take_ready(self) -> List[list]:
-        """Pop everything ready as a wire response list: validated, fused and cache-compressed.
+        """Pop everything ready as a wire response list: validated, fused and cache-compressed (a tensor every
+        input of which came with the requests goes alone, as a CARRIED item: core/engine/carried.py).
 
         Members of a group are held back until the whole group is ready, then planned together.
         """

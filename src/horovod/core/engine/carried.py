@@ -96,8 +96,7 @@ def _checked(response: TensorResponse, data: object, count: int, rank: int) -> b
 def _wrong_size(response: TensorResponse, rank: int, got: int, count: int) -> HorovodInternalError:
     return HorovodInternalError(
         f"{RequestType(response.rtype).name} of tensor '{response.name}': rank {rank} sent {got} elements with its "
-        f"request, {count} expected; the ranks disagree on HOROVOD_COORDINATOR_CARRY_BYTES or a tensor changed "
-        "after it was submitted.")
+        f"request, {count} expected by the negotiated shape: the tensor changed between its request and its copy.")
 
 
 def reduce_inputs(response: TensorResponse, inputs: Sequence[object], ranks: Sequence[int]) -> np.ndarray:

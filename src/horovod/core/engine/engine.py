@@ -11,9 +11,9 @@ The parts, one module each: :mod:`.settings` (what it runs with), :mod:`.state` 
 :mod:`.entry` (a submitted collective), :mod:`.control` (the control channel), :mod:`.loops` (the coordinator's
 and the workers' loops), :mod:`.waits` (wait notices, for the deadlock detector), :mod:`.executors` (one per
 collective, with :mod:`.layouts`), :mod:`.device_executors` and :mod:`.device_planes` (device buffers,
-docs/gpu.md), :mod:`.fast_rounds` (small blocking collectives without the coordinator), :mod:`.handles`,
-:mod:`.output_pool` (memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and
-autotuner implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears
+docs/gpu.md), :mod:`.fast_rounds` (small blocking collectives without the coordinator), :mod:`.carried`
+(small blocking collectives whose data travels with the negotiation), :mod:`.handles`, :mod:`.output_pool`
+(memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and autotuner implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears
 of engines starting and stopping: the data-plane watchdog). No part imports this module: each one that works with
 the engine names what it needs of it in a protocol (``executors.Executing``, ``loops.Looping``,
 ``waits.Noticing``, ``fast_rounds.Parking``), which :class:`Engine` satisfies. The engine thread publishes the
@@ -473,8 +473,8 @@ class Engine:
             return self.table.pop(name, None)
 
     def _execute(self, batch: List[TensorResponse], arrived: Optional[float] = None,
-                 reduced: Optional[bytes] = None) -> None:
-        """Run one batch on this rank (``reduced``: complete a carried allreduce with rank 0's result)."""
+                 carried_result: Optional[bytes] = None) -> None:
+        """Run one batch on this rank (``carried_result``: complete a carried collective with rank 0's result)."""
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
         observers = self.hooks.batch
@@ -484,9 +484,9 @@ class Engine:
         self.backend.progress = 0
         try:
             if not observers:
-                self._run(batch, entries, reduced)
+                self._run(batch, entries, carried_result)
             else:
-                self._run_observed(observers, batch, entries, reduced)
+                self._run_observed(observers, batch, entries, carried_result)
         except BaseException as exc:
             if isinstance(exc, PeerLostError) and self.stall_reason is None:
                 # A lost peer: the abort that follows learns the root cause (another rank's reason may be on its
@@ -509,21 +509,22 @@ class Engine:
         finally:
             self.running = None
 
-    def _run(self, batch: List[TensorResponse], entries: List[Optional[Entry]], reduced: Optional[bytes]) -> None:
-        if reduced is None:
+    def _run(self, batch: List[TensorResponse], entries: List[Optional[Entry]],
+             carried_result: Optional[bytes]) -> None:
+        if carried_result is None:
             run_batch(self, batch, entries)
         else:
-            carried.finish(batch, entries, reduced)
+            carried.finish(batch, entries, carried_result)
             self.carried_ops += 1
 
     def _run_observed(self, observers: Sequence[EngineObserver], batch: List[TensorResponse],
-                      entries: List[Optional[Entry]], reduced: Optional[bytes]) -> None:
+                      entries: List[Optional[Entry]], carried_result: Optional[bytes]) -> None:
         """Run a batch between the observers' start and end hooks."""
         names = [r.name for r in batch]
         for observer in observers:
             observer.on_batch_start(names)
         try:
-            self._run(batch, entries, reduced)
+            self._run(batch, entries, carried_result)
         finally:
             now = time.perf_counter_ns()
             for observer in observers:
