@@ -13,8 +13,9 @@ and the workers' loops), :mod:`.waits` (wait notices, for the deadlock detector)
 collective, with :mod:`.layouts`), :mod:`.device_executors` and :mod:`.device_planes` (device buffers,
 docs/gpu.md), :mod:`.fast_rounds` (small blocking collectives without the coordinator), :mod:`.carried`
 (small blocking collectives whose data travels with the negotiation), :mod:`.handles`, :mod:`.output_pool`
-(memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and autotuner implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears
-of engines starting and stopping: the data-plane watchdog). No part imports this module: each one that works with
+(memory for new outputs), :mod:`.observer` (the hooks that the timeline, stall inspector and autotuner
+implement), :mod:`.flight` (the flight record of recent collectives) and :mod:`.lifecycle` (who hears of engines
+starting and stopping: the data-plane watchdog). No part imports this module: each one that works with
 the engine names what it needs of it in a protocol (``executors.Executing``, ``loops.Looping``,
 ``waits.Noticing``, ``fast_rounds.Parking``), which :class:`Engine` satisfies. The engine thread publishes the
 batch it runs (``running``) for the watchdog, and fails a stalled batch with the watchdog's report
