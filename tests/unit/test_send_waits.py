@@ -22,11 +22,13 @@ def _pair_comm():
 
 
 def _board_wait(thread: threading.Thread, deadline_s: float = 5.0) -> peer_waits.PeerWait:
+    """The thread's send wait, once on the board. Its receive (which completes at once) is on the board for a
+    moment first: a busy machine let a snapshot catch it (once in a full run), so a receive's wait is passed by."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        waits = dict(peer_waits.snapshot())
-        if thread.ident in waits:
-            return waits[thread.ident]
+        wait = dict(peer_waits.snapshot()).get(thread.ident)
+        if wait is not None and wait.sending:
+            return wait
         time.sleep(0.01)
     raise AssertionError("the blocked send never appeared on the board")
 
