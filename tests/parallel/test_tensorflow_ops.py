@@ -441,3 +441,35 @@ def test_join_with_uneven_work(mode):
         last = run(mode, hvd.join)
     assert int(last) != 0
     assert hvd.allgather_object(int(last)) == [int(last)] * size
+
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_blocking_calls_say_they_wait_at_once(mode, monkeypatch):
+    """allreduce, broadcast, allgather and reducescatter submit and wait at once, and say so (ops.blocking()), so
+    that fast rounds (one host) and carried collectives (across hosts) may take them, as the other bindings'."""
+    from horovod.core import basics
+
+    engine = basics.engine_for(None)
+    blocking = []
+    submit = engine.submit_blocking
+
+    def counted(entry):
+        blocking.append(entry.name)
+        submit(entry)
+
+    monkeypatch.setattr(engine, "submit_blocking", counted)
+    rank, size = hvd.rank(), hvd.size()
+    x = tf.fill([size * 2], float(rank + 1))
+
+    def calls(t):
+        return (hvd.allreduce(t, op=hvd.Sum, name="bl.ar"), hvd.broadcast(t, 0, name="bl.bc"),
+                hvd.allgather(t, name="bl.ag"), hvd.reducescatter(t, op=hvd.Sum, name="bl.rs"))
+
+    summed, sent, gathered, scattered = run(mode, calls, x)
+    assert sorted(blocking) == sorted(["allreduce.bl.ar", "broadcast.bl.bc", "allgather.bl.ag",
+                                       "reducescatter.bl.rs"]), blocking
+    np.testing.assert_array_equal(summed, np.full(size * 2, size * (size + 1) / 2))
+    np.testing.assert_array_equal(sent, np.ones(size * 2))
+    np.testing.assert_array_equal(gathered, np.repeat(np.arange(1, size + 1, dtype=np.float32), size * 2))
+    np.testing.assert_array_equal(scattered, np.full(2, size * (size + 1) / 2))

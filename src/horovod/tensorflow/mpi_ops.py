@@ -191,7 +191,8 @@ def _allreduce(tensor, name: Optional[str] = None, op: ReduceOp = Sum, prescale_
     def fwd(x):
         def compute(outputs, a):
             out = outputs.empty(0, a.shape, a.dtype)
-            return [ops.allreduce_async(a, out, full, op, prescale_factor, postscale_factor, process_set).wait()]
+            with ops.blocking():        # waited at once: a fast round or a carried op may take it
+                return [ops.allreduce_async(a, out, full, op, prescale_factor, postscale_factor, process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodAllreduce")[0], x.shape)
 
@@ -279,7 +280,8 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
 
     def fwd(x):
         def compute(outputs, a):
-            return [ops.allgather_async(a, full, outputs.allocator(0), process_set=process_set).wait()]
+            with ops.blocking():
+                return [ops.allgather_async(a, full, outputs.allocator(0), process_set=process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodAllgather")[0], _rows_shape(x.shape))
 
@@ -339,7 +341,8 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None, ignore_name_sc
     def fwd(x):
         def compute(outputs, a):
             out = outputs.empty(0, a.shape, a.dtype)
-            return [ops.broadcast_async(a, root_rank, out, full, process_set).wait()]
+            with ops.blocking():
+                return [ops.broadcast_async(a, root_rank, out, full, process_set).wait()]
 
         out = _set_shape(_call(compute, [x], [x.dtype], "HorovodBroadcast")[0], x.shape)
 
@@ -474,8 +477,9 @@ def _reducescatter_many(tensors, name, op, prescale_factor, postscale_factor, ig
                 allocators = [outputs.allocator(i) for i in range(len(arrays))]
                 return _wait_all(ops.grouped_reducescatter_async(list(arrays), base, op, prescale_factor,
                                                                  postscale_factor, allocators, process_set))
-            return [ops.reducescatter_async(arrays[0], base, op, prescale_factor, postscale_factor,
-                                            outputs.allocator(0), process_set=process_set).wait()]
+            with ops.blocking():
+                return [ops.reducescatter_async(arrays[0], base, op, prescale_factor, postscale_factor,
+                                                outputs.allocator(0), process_set=process_set).wait()]
 
         outs = _call(compute, xs, [x.dtype for x in xs], "HorovodReducescatter")
         outs = [_set_shape(o, _rows_shape(x.shape, _scatter_rows(x.shape, process_set))) for o, x in zip(outs, xs)]
