@@ -20,6 +20,7 @@ from horovod.core.engine import Engine, Entry, carried, loops, waits
 from horovod.core.engine.handles import Handle
 from horovod.core.engine.layouts import summed
 from horovod.core.engine.settings import EngineSettings
+from tests.unit import test_engine
 from tests.unit.test_engine import SMALL, received
 from tests.unit.test_tcp_algorithms import close_comms, make_comms, run_ranks
 
@@ -173,13 +174,7 @@ def test_a_workers_carried_input_reaches_the_coordinator():
     np.testing.assert_array_equal(np.frombuffer(items[0][2], np.float32), np.full(8, 3.0, np.float32))
 
 
-@pytest.fixture
-def worker():
-    ours, coordinator_end = socket.socketpair()
-    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL)).start()
-    yield engine, coordinator_end
-    coordinator_end.close()
-    engine.shutdown()
+worker = test_engine.worker      # the fixture: rank 1 of 2, the other end of its control socket playing rank 0
 
 
 def _entry(name, tensor):

@@ -1,7 +1,7 @@
 """Reduction and scaling kernels on numpy buffers (each call releases the GIL inside numpy)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -80,6 +80,19 @@ def scale_inplace(buf: np.ndarray, factor: float) -> None:
         scaled_copy(buf, buf, factor)
 
 
+def reduce_in_order(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp, postscale: float = 1.0) -> None:
+    """``out`` = every rank's ``parts`` (in rank order; already prescaled) combined with ``op``, first two
+    combined then each next reduced in, and scaled by ``postscale``: the data plane's order and kernels, so its
+    bits. ``op`` is the backend op (Average arrives as SUM, its division in ``postscale``)."""
+    if len(parts) == 1:
+        np.copyto(out, parts[0])
+    else:
+        combine(out, parts[0], parts[1], op)
+    for part in parts[2:]:
+        reduce_into(out, part, op)
+    scale_inplace(out, postscale)
+
+
 def reduce_pieces(rank: int, size: int, own: np.ndarray, out: np.ndarray, op: ReduceOp, prescale: float,
                   postscale: float, piece: int, scratch: Callable[[int, int], np.ndarray],
                   read: Callable[[int, int, np.ndarray], None],
@@ -111,10 +124,7 @@ def reduce_pieces(rank: int, size: int, own: np.ndarray, out: np.ndarray, op: Re
                 scale_inplace(part, prescale)
             parts.append(part)
         reduced = out[a:z]
-        combine(reduced, parts[0], parts[1], op)
-        for part in parts[2:]:
-            reduce_into(reduced, part, op)
-        scale_inplace(reduced, postscale)
+        reduce_in_order(reduced, parts, op, postscale)
         if write is not None:
             for step in range(1, size):
                 write((rank + step) % size, a, reduced)

@@ -29,7 +29,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from horovod.backends.reduce import combine, reduce_into, scale_inplace, scaled_copy
+from horovod.backends.reduce import reduce_in_order, scaled_copy
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.timeline import activity
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
@@ -115,10 +115,7 @@ def reduce_inputs(response: TensorResponse, inputs: Sequence[object], ranks: Seq
         parts.append(part)
     op, postscale = summed(response.reduce_op, response.postscale, len(parts))
     out = np.empty(count, dtype)
-    combine(out, parts[0], parts[1], op)
-    for part in parts[2:]:
-        reduce_into(out, part, op)
-    scale_inplace(out, postscale)
+    reduce_in_order(out, parts, op, postscale)
     return out
 
 

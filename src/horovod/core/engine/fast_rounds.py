@@ -62,7 +62,7 @@ import numpy as np
 
 from horovod.backends import cma, doorbell, spin
 from horovod.backends.blocks import split_counts
-from horovod.backends.reduce import combine, reduce_into, reduce_pieces, scale_inplace, scaled_copy
+from horovod.backends.reduce import reduce_in_order, reduce_pieces, scaled_copy
 from horovod.backends.shm import DIRECT_PIECE_BYTES, FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
@@ -581,7 +581,8 @@ class FastRounds:
     def _reduce_slots(self, request: Request, out: np.ndarray, b: int, start: int) -> None:
         """Every rank's slot ``b`` from byte ``start``, as many elements as ``out`` holds, reduced into ``out``
         in rank order (the data plane's order and kernels, so the same bits), then post-scaled."""
-        _reduce_in_order(request, out, self._slot_views(b, start, out.nbytes, out.dtype))
+        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
+        reduce_in_order(out, self._slot_views(b, start, out.nbytes, out.dtype), op, postscale)
 
     def _slot_views(self, b: int, start: int, nbytes: int, dtype: np.dtype) -> List[np.ndarray]:
         """Every rank's slot ``b`` from byte ``start``, ``nbytes`` of it as ``dtype``, in rank order (kept: a
@@ -591,19 +592,6 @@ class FastRounds:
         if views is None:
             views = _keep(self._views, at, [pair[b][start:start + nbytes].view(dtype) for pair in self.slots])
         return views
-
-
-def _reduce_in_order(request: Request, out: np.ndarray, parts: List[np.ndarray]) -> None:
-    """Every rank's ``parts`` (in rank order) reduced into ``out`` with the data plane's kernels and order (so the
-    same bits), then post-scaled."""
-    op, postscale = summed(request.reduce_op, float(request.postscale), len(parts))
-    if len(parts) == 1:
-        np.copyto(out, parts[0])
-    else:
-        combine(out, parts[0], parts[1], op)
-    for part in parts[2:]:
-        reduce_into(out, part, op)
-    scale_inplace(out, postscale)
 
 
 def _root_output(entry: Entry) -> None:
