@@ -9,7 +9,10 @@ ssh (``--configs`` picks, ``--rounds`` repeats them, alternating):
   hosts), and 2 ranks per host hierarchical (the default: shm inside a host, tcp across), with
   HOROVOD_HIERARCHICAL_ALLREDUCE=0 (one flat tcp ring over every rank) and with HOROVOD_CPU_OPERATIONS=tcp;
 - ``gloo``: torch.distributed Gloo through one ``torchrun`` agent per host (c10d rendezvous on host 1), 1 and
-  2 ranks per host.
+  2 ranks per host;
+- ``pystar``, ``pyrd``: the 4 KB allreduce's floor, 1 rank per host: the same blocking call in plain Python, one
+  thread, raw TCP, as a star through rank 0 (what a carried collective moves) or by recursive doubling
+  (``benchmarks/workers/cross_host_floor.py``): what any Python implementation pays on these hosts.
 
 Each job times 64 MB float32 allreduces (each after a barrier, after a warm-up) and 4 KB allreduces (batches
 of back-to-back calls). Then, if the kernel has ``sch_netem`` (and without ``--skip-latency``), 0.2 ms is
@@ -40,7 +43,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,23 +101,39 @@ def run_horovod(cluster: HostCluster, slots: int, extra_env: Dict[str, str], wor
     return found[-1] if found else None
 
 
+def _on_every_host(cluster: HostCluster, command_for: Callable[[int], str], what: str,
+                   timeout: float) -> Optional[dict]:
+    """Run ``command_for(index)`` on every host over ssh at once; the last RESULT any of them printed."""
+    procs = [_popen(host.ssh_command(f"cd {ROOT} && {command_for(index)}"), cluster.launcher_env(_env()))
+             for index, host in enumerate(cluster.hosts)]
+    outputs = _communicate(procs, timeout)
+    found = [r for out in outputs for r in _results(out)]
+    if not found:
+        log.error("%s job failed:\n%s", what, "\n---\n".join(out[-2000:] for out in outputs))
+    return found[-1] if found else None
+
+
 def run_gloo(cluster: HostCluster, slots: int, worker_args: List[str], timeout: float) -> Optional[dict]:
     """One torchrun agent per host over ssh (c10d rendezvous on the first host); global rank 0's RESULT."""
     port = random.randint(29400, 29900)
     first = cluster.hosts[0].address
     env = " ".join(f"{k}={v}" for k, v in (("PYTHONPATH", _env()["PYTHONPATH"]), ("OMP_NUM_THREADS", "1"),
                                            ("GLOO_SOCKET_IFNAME", "eth0")))
-    procs = []
-    for index, host in enumerate(cluster.hosts):
-        command = (f"cd {ROOT} && env {env} {sys.executable} -m torch.distributed.run --nnodes "
-                   f"{len(cluster.hosts)} --node-rank {index} --nproc-per-node {slots} --rdzv-backend c10d "
-                   f"--rdzv-endpoint {first}:{port} -m benchmarks.workers.cross_host_torch {' '.join(worker_args)}")
-        procs.append(_popen(host.ssh_command(command), cluster.launcher_env(_env())))
-    outputs = _communicate(procs, timeout)
-    found = [r for out in outputs for r in _results(out)]
-    if not found:
-        log.error("torchrun job failed:\n%s", "\n---\n".join(out[-2000:] for out in outputs))
-    return found[-1] if found else None
+    return _on_every_host(cluster, lambda index: (
+        f"env {env} {sys.executable} -m torch.distributed.run --nnodes {len(cluster.hosts)} --node-rank {index} "
+        f"--nproc-per-node {slots} --rdzv-backend c10d --rdzv-endpoint {first}:{port} "
+        f"-m benchmarks.workers.cross_host_torch {' '.join(worker_args)}"), "torchrun", timeout)
+
+
+def run_floor(cluster: HostCluster, algorithm: str, worker_args: List[str], timeout: float) -> Optional[dict]:
+    """The plain-Python 4 KB allreduce (``star`` or ``rd``), one process per host over ssh; rank 0's RESULT."""
+    port = random.randint(29400, 29900)
+    addresses = ",".join(host.address for host in cluster.hosts)
+    small_only = " ".join(["0", "0", *worker_args[2:]])
+    return _on_every_host(cluster, lambda rank: (
+        f"env PYTHONPATH={_env()['PYTHONPATH']} {sys.executable} -m benchmarks.workers.cross_host_floor "
+        f"{algorithm} {rank} {len(cluster.hosts)} {addresses} {port} {small_only}"), f"plain-Python {algorithm}",
+        timeout)
 
 
 def link_ceiling(cluster: HostCluster, both_ways: bool, nbytes: int = 128 << 20) -> Optional[float]:
@@ -155,6 +174,8 @@ CONFIGS = {  # name -> (label, ranks per host, environment); "raw" and "gloo" ar
     "tcp": ("ours, 2 ranks/host, HOROVOD_CPU_OPERATIONS=tcp (flat ring)", 2, {"HOROVOD_CPU_OPERATIONS": "tcp"}),
 }
 GLOO_SLOTS = {"gloo": (1, 2), "gloo1": (1,), "gloo2": (2,)}   # torch Gloo at 1 and/or 2 ranks per host
+FLOORS = {"pystar": ("star", "plain Python star, 1 rank/host (4 KB floor)"),
+          "pyrd": ("rd", "plain Python recursive doubling, 1 rank/host (4 KB floor)")}
 DEFAULT_CONFIGS = "raw,ring,hier,flat,gloo"
 
 
@@ -172,6 +193,10 @@ def measure_once(cluster: HostCluster, names: Sequence[str], args: argparse.Name
             for slots in GLOO_SLOTS[name]:
                 rows.append({"hosts": count, "config": f"torch Gloo (torchrun), {slots} rank(s)/host",
                              "load": load(), "result": run_gloo(cluster, slots, worker, args.timeout)})
+        elif name in FLOORS:
+            algorithm, label = FLOORS[name]
+            rows.append({"hosts": count, "config": label, "load": load(),
+                         "result": run_floor(cluster, algorithm, worker, args.timeout)})
         else:
             label, slots, extra = config_spec(name)
             rows.append({"hosts": count, "config": label, "load": load(),
@@ -190,9 +215,10 @@ def config_spec(name: str) -> Tuple[str, int, Dict[str, str]]:
 def config_names(text: str) -> List[str]:
     """Comma-separated configuration names, checked."""
     names = [n for n in text.split(",") if n]
-    unknown = {n.split("+")[0] for n in names} - set(CONFIGS) - {"raw"} - set(GLOO_SLOTS)
+    unknown = {n.split("+")[0] for n in names} - set(CONFIGS) - {"raw"} - set(GLOO_SLOTS) - set(FLOORS)
     if unknown:
         raise SystemExit(f"unknown configurations {sorted(unknown)}: choose from raw, {', '.join(GLOO_SLOTS)}, "
+                         f"{', '.join(FLOORS)}, "
                          f"{', '.join(CONFIGS)} (ours may take +VARIABLE=value suffixes)")
     return names
 
@@ -289,7 +315,8 @@ def table(rows: List[dict]) -> str:
             big = [f"{s['best'][f]:.1f} ({s['median'][f]:.1f}) [{s['worst'][f]:.1f}]"
                    for f in ("algbw", "busbw", "link")]
         small = f"{s['small_us']:.0f}" if s["small_us"] is not None else "–"
-        samples = f"{len(row['big'])}" + (f", {row['failed']} runs failed" if row["failed"] else "")
+        counted = row["big"] or row["small"]        # the floors time the 4 KB call only
+        samples = f"{len(counted)}" + (f", {row['failed']} runs failed" if row["failed"] else "")
         lines.append(f"{head} " + " | ".join(big) + f" | {small} | {samples} | {loads} |")
     return "\n".join(lines)
 
@@ -304,7 +331,8 @@ def ratios(rows: List[dict]) -> List[str]:
 
     64 MB with 1 rank per host as a share of the ring bound (algbw <= link x h / (2(h-1)), i.e. busbw over the
     link), against torch Gloo at 1 rank per host on the same hosts, the 4 KB latency at the most hosts over that at
-    the fewest, and 2 ranks per host hierarchical as a share of the link.
+    the fewest (ours, and the plain-Python floors where they ran), and 2 ranks per host hierarchical as a share of
+    the link.
     """
     ring, hier, gloo = CONFIGS["ring"][0], CONFIGS["hier"][0], "torch Gloo (torchrun), 1 rank(s)/host"
     counts = sorted({r["hosts"] for r in rows})
@@ -320,12 +348,14 @@ def ratios(rows: List[dict]) -> List[str]:
                              f"({theirs['median']['algbw']:.1f} MB/s)")
         if two and "median" in two:
             lines.append(f"{count} hosts x 2 ranks hierarchical, 64 MB: {two['median']['link']:.1f}% of the link")
-    small = {c: (_median_row(rows, c, ring) or {}).get("small_us") for c in counts}
-    small = {c: v for c, v in small.items() if v}
-    if len(small) >= 2:
-        lo, hi = min(small), max(small)
-        lines.append(f"4 KB, 1 rank/host: {small[hi]:.0f} µs at {hi} hosts / {small[lo]:.0f} µs at {lo} hosts = "
-                     f"{small[hi] / small[lo]:.2f}x")
+    for label, name in [(ring, "4 KB, 1 rank/host")] + [(text, f"4 KB, {text.split(',')[0]}")
+                                                         for _, text in FLOORS.values()]:
+        small = {c: (_median_row(rows, c, label) or {}).get("small_us") for c in counts}
+        small = {c: v for c, v in small.items() if v}
+        if len(small) >= 2:
+            lo, hi = min(small), max(small)
+            lines.append(f"{name}: {small[hi]:.0f} µs at {hi} hosts / {small[lo]:.0f} µs at {lo} hosts = "
+                         f"{small[hi] / small[lo]:.2f}x")
     return lines
 
 
@@ -338,7 +368,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--small-calls", type=int, default=200, help="4 KB allreduces per batch")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated, run in this order each round: raw, gloo (gloo1, gloo2: 1 or 2 "
-                             f"ranks/host only), {', '.join(CONFIGS)}; "
+                             f"ranks/host only), pystar, pyrd (plain-Python 4 KB floors), {', '.join(CONFIGS)}; "
                         "ours take +VARIABLE=value suffixes (ring+HOROVOD_TCP_CHUNK_BYTES=0)")
     parser.add_argument("--plan", help="per host count configurations, overriding --hosts and --configs: "
                         "'2:ring;8:ring,gloo1;4:hier'")

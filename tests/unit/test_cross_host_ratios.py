@@ -27,3 +27,13 @@ def test_ratios():
     assert "8 hosts x 1 rank, 64 MB: 1.90x torch Gloo" in text
     assert "4 hosts x 2 ranks hierarchical, 64 MB: 90.0% of the link" in text
     assert "4 KB, 1 rank/host: 250 µs at 8 hosts / 100 µs at 2 hosts = 2.50x" in text
+
+
+def test_the_floors_ratio_and_their_rows():
+    star = cross_host.FLOORS["pystar"][1]
+    rows = [{"hosts": 2, "config": star, "load": "1.0", "result": {"big": [], "small": [40e-6], "big_bytes": 0}},
+            {"hosts": 8, "config": star, "load": "1.0", "result": {"big": [], "small": [280e-6], "big_bytes": 0}}]
+    assert "4 KB, plain Python star: 280 µs at 8 hosts / 40 µs at 2 hosts = 7.00x" in cross_host.ratios(rows)
+    table = cross_host.table(rows)
+    assert f"| 8 | {star} | – | – | – | 280 | 1 | 1.0 |" in table
+    assert cross_host.config_names("ring,pystar,pyrd") == ["ring", "pystar", "pyrd"]
