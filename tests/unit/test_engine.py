@@ -155,16 +155,27 @@ def test_shutdown_fails_what_is_still_in_flight():
 
 
 # ------------------------------------------------------------------ wait notices of a worker rank
-@pytest.fixture
-def worker(monkeypatch):
-    """Rank 1 of 2, its control socket's other end playing the coordinator; the wait lapse is 0.1 s."""
+def _worker(monkeypatch, **settings):
+    """Rank 1 of 2 and the other end of its control socket (which plays the coordinator); stops it after."""
     monkeypatch.setenv("HOROVOD_DEADLOCK_CHECK_TIME_SECONDS", "0.4")
     ours, coordinator_end = socket.socketpair()
-    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL)).start()
+    engine = Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL, **settings)).start()
     assert engine.waits.lapse_s == pytest.approx(0.1)
     yield engine, coordinator_end
     coordinator_end.close()                            # the worker sees its coordinator go and stops
     engine.shutdown()
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    """Rank 1 of 2, its control socket's other end playing the coordinator; the wait lapse is 0.1 s."""
+    yield from _worker(monkeypatch)
+
+
+@pytest.fixture
+def polling_worker(monkeypatch):
+    """The same, its engine thread polling for 5 s after activity (HOROVOD_SPIN_MICROSECONDS)."""
+    yield from _worker(monkeypatch, spin_us=5e6)
 
 
 def received(sock, within):
@@ -318,3 +329,61 @@ def test_the_coordinator_marks_a_worker_waiting_on_a_blocking_calls_requests():
     loops._from_worker(engine, 1, [Tag.REQUESTS, [list(make_request("v", RequestType.ALLREDUCE, DataType.FLOAT32,
                                                                        [3], ReduceOp.SUM))]])
     assert [w[0] for w in coordinator.waits()] == ["w"]                # an async call's requests: no wait
+
+
+# ------------------------------------------------------------------ when the engine thread polls
+def _until(condition, within=SLACK_S):
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _record_sends_and_wakes(engine, monkeypatch):
+    """The order in which a worker's caller sends to the coordinator and asks to wake its engine thread."""
+    events = []
+    send, wake_if_sleeping = engine.control.send_to_coordinator, engine.wake_if_sleeping
+    monkeypatch.setattr(engine.control, "send_to_coordinator", lambda msg: (events.append("send"), send(msg)))
+    monkeypatch.setattr(engine, "wake_if_sleeping", lambda: (events.append("wake"), wake_if_sleeping()))
+    return events
+
+
+def test_a_blocking_call_starts_the_poll_and_the_answer_that_wakes_its_thread_ends_it(polling_worker,
+                                                                                        monkeypatch):
+    """The engine thread polls from a blocking call's request until its answer (woken from the kernel for it
+    once the request is sent), and not after the answer wakes the waiting thread, which then needs the GIL; an
+    answer that wakes nobody leaves it polling for the next."""
+    engine, coord = polling_worker
+    assert _until(lambda: engine.sleeping)                # no activity yet: asleep in the kernel
+    events = _record_sends_and_wakes(engine, monkeypatch)
+    before = time.perf_counter()
+    handle = submit_blocking(engine, "b", np.ones(3, np.float32))
+    assert engine.last_activity >= before
+    assert events == ["send", "wake"]                     # woken after the send, not before it
+    assert _until(lambda: not engine.sleeping)            # polling while the request travels
+    waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10})
+    waiter.start()
+    assert _until(lambda: handle.waiters == 1)
+    assert not engine.sleeping
+    respond(coord, "b")
+    waiter.join(10)
+    assert handle.poll() and not waiter.is_alive()
+    assert _until(lambda: engine.sleeping)                # the waiter woke: no poll (5 s were due otherwise)
+    assert engine.last_activity == 0.0
+    h = submit(engine, "x", np.ones(3, np.float32))       # an async call nobody waits on yet
+    assert received(coord, 1.0)[0][0] == "R"
+    respond(coord, "x")
+    assert _until(h.poll)
+    assert _until(lambda: not engine.sleeping)            # it ran: polling for what comes next
+    time.sleep(0.2)
+    assert not engine.sleeping
+
+
+def test_without_polling_a_blocking_call_does_not_wake_the_engine(worker, monkeypatch):
+    engine, coord = worker
+    events = _record_sends_and_wakes(engine, monkeypatch)
+    submit_blocking(engine, "b", np.ones(3, np.float32))
+    assert received(coord, 0.2)[0][0] == "R"
+    assert events == ["send"]

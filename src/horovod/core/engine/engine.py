@@ -100,6 +100,7 @@ class Engine:
         self.sleeping = False
         self.spin_s = max(0.0, settings.spin_us) / 1e6
         self.last_activity = 0.0
+        self.woke_waiter = False        # the response list just run completed a handle that a thread waits on
         self.waits = WaitNotices(self, settings.wait_lapse_s)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -244,6 +245,11 @@ class Engine:
                     self.fast_entry = None
             if post and self.flight_ring is not None:
                 self.flight_ring.submit(entries, time.time())
+            # A blocking call's answer is due within a round trip: the engine thread polls until it comes
+            # (woken, if asleep, once the request is sent), so that no wake-up lies on the answer's path.
+            poll = waited and self.spin_s > 0
+            if poll:
+                self.active()
             notice = self.waits.notice
             for entry in entries:
                 self.table[entry.name] = entry
@@ -270,6 +276,9 @@ class Engine:
             self.control.send_to_coordinator(message)
         except PeerLostError:
             log.debug("rank %d: could not forward requests; the engine will report it", self.global_rank)
+        if poll:
+            with self.lock:         # after the send: a polling engine thread contends for the GIL with it
+                self.wake_if_sleeping()
 
     def park(self, entry: Entry, since: float) -> None:
         """Tell the coordinator that this rank has waited on ``entry``'s fast round since ``since`` (monotonic
@@ -373,8 +382,7 @@ class Engine:
     def sleep(self, selector: selectors.BaseSelector, timeout: Optional[float]) -> loops.Events:
         """Wait for the next event: poll briefly after real work (see ``active``), then block in the kernel."""
         now = time.perf_counter()
-        spin_until = self.last_activity + self.spin_s
-        while now < spin_until:
+        while now < self.last_activity + self.spin_s:     # re-read: a blocking call sent meanwhile extends it
             if self.queue or self.state is not EngineState.RUNNING or self.waits.notes or self.parks:
                 return []
             events = selector.select(0)
@@ -392,12 +400,24 @@ class Engine:
         return events
 
     def active(self) -> None:
-        """Something happened after which an answer is due soon (a collective ran, a rank waits): poll a while.
+        """Something happened after which an answer is due soon (a collective ran, a rank waits, this rank sent a
+        blocking call's request): poll a while, counted from now; a poll under way is extended.
 
         Merely receiving a request is not such a thing: while gradients stream in during backward, polling after
         each one would only take CPU from the computation.
         """
         self.last_activity = time.perf_counter()
+
+    def answered(self) -> None:
+        """A response list ran: poll for the next (``active``), unless it completed a handle that a thread was
+        blocked on. That thread now needs the GIL, which a polling engine thread would hold nearly all the time
+        (on the reference VM a blocking call's return then took 2-3x as long); its next blocking call starts the
+        poll again (``_admit``)."""
+        if self.woke_waiter:
+            self.woke_waiter = False
+            self.last_activity = 0.0
+        else:
+            self.active()
 
     def drain_wake(self) -> None:
         try:
@@ -478,6 +498,8 @@ class Engine:
         """Run one batch on this rank (``carried_result``: complete a carried collective with rank 0's result)."""
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
+            if any(e is not None and e.handle.waiters for e in entries):
+                self.woke_waiter = True     # (read before the run: a completed handle's waiter may return at once)
         observers = self.hooks.batch
         if self.flight_ring is not None:
             flight.started(entries, arrived, time.time())

@@ -62,6 +62,9 @@ class Looping(Protocol):
     def active(self) -> None:
         """An answer is due soon: poll a while before sleeping in the kernel."""
 
+    def answered(self) -> None:
+        """A response list ran: poll a while, unless a thread it woke needs the GIL (``Engine.answered``)."""
+
     def apply(self, items: List[list]) -> None:
         """Execute a response list (every rank, in the same order)."""
 
@@ -175,7 +178,7 @@ def _emit(engine: Looping) -> None:
     carried.finish_items(items, engine.control.ranks)
     engine.control.broadcast([Tag.RESPONSES, items])
     engine.apply(items)
-    engine.active()
+    engine.answered()
     if hooks.propose:
         _tune(engine, hooks.propose)
 
@@ -273,7 +276,7 @@ def _from_coordinator(engine: Looping, msg: list) -> bool:
     kind = msg[0]
     if kind == Tag.RESPONSES:
         engine.apply(msg[1])
-        engine.active()
+        engine.answered()
     elif kind == Tag.SHUTDOWN:
         engine.fail_all(HorovodInternalError(f"{SHUT_DOWN_MESSAGE} (Reason: {msg[1]}.)"))
         return False
