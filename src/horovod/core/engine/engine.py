@@ -410,9 +410,8 @@ class Engine:
 
     def answered(self) -> None:
         """A response list ran: poll for the next (``active``), unless it completed a handle that a thread was
-        blocked on. That thread now needs the GIL, which a polling engine thread would hold nearly all the time
-        (on the reference VM a blocking call's return then took 2-3x as long); its next blocking call starts the
-        poll again (``_admit``)."""
+        blocked on. That thread now needs the GIL, which a polling engine thread holds between nearly every pair
+        of polls; its next blocking call starts the poll again (``_admit``)."""
         if self.woke_waiter:
             self.woke_waiter = False
             self.last_activity = 0.0
