@@ -43,8 +43,8 @@ class BlockingBackend(LocalBackend):
 SMALL = dict(cache_capacity=16, fusion_threshold=1 << 20, cycle_time_ms=1.0)
 
 
-def make_engine(backend=None):
-    return Engine(0, 1, backend or LocalBackend(), {}, EngineSettings(**SMALL)).start()
+def make_engine(backend=None, **settings):
+    return Engine(0, 1, backend or LocalBackend(), {}, EngineSettings(**SMALL, **settings)).start()
 
 
 def submit(engine, name, tensor, rtype=RequestType.ALLREDUCE, **kw):
@@ -387,3 +387,25 @@ def test_without_polling_a_blocking_call_does_not_wake_the_engine(worker, monkey
     submit_blocking(engine, "b", np.ones(3, np.float32))
     assert received(coord, 0.2)[0][0] == "R"
     assert events == ["send"]
+
+
+def test_rank_0_stops_polling_when_its_answer_wakes_a_waiter_and_polls_after_one_nobody_waits_on():
+    backend = BlockingBackend()                           # holds the first allreduce until released
+    engine = make_engine(backend, spin_us=5e6)
+    try:
+        assert _until(lambda: engine.sleeping)
+        handle = submit_blocking(engine, "b", np.ones(3, np.float32))
+        waiter = threading.Thread(target=handle.wait, kwargs={"timeout": 10})
+        waiter.start()
+        assert backend.entered.wait(10) and _until(lambda: handle.waiters == 1)
+        backend.release.set()
+        waiter.join(10)
+        assert handle.poll() and not waiter.is_alive()
+        assert _until(lambda: engine.sleeping)            # no 5 s poll after the answer that woke the waiter
+        h = submit(engine, "x", np.ones(3, np.float32))
+        assert _until(h.poll)
+        assert _until(lambda: not engine.sleeping)        # nobody waited on it: polling for what comes next
+        time.sleep(0.2)
+        assert not engine.sleeping
+    finally:
+        engine.shutdown()

@@ -497,8 +497,6 @@ class Engine:
         """Run one batch on this rank (``carried_result``: complete a carried collective with rank 0's result)."""
         with self.lock:
             entries = [self.table.pop(r.name, None) for r in batch]
-            if any(e is not None and e.handle.waiters for e in entries):
-                self.woke_waiter = True     # (read before the run: a completed handle's waiter may return at once)
         observers = self.hooks.batch
         if self.flight_ring is not None:
             flight.started(entries, arrived, time.time())
@@ -528,6 +526,8 @@ class Engine:
         else:
             if self.flight_ring is not None:
                 flight.done(entries, time.time())
+            if any(e is not None and e.handle.waiters for e in entries):
+                self.woke_waiter = True     # see answered() (a wait that ended with the result leaves the count)
         finally:
             self.running = None
 
