@@ -526,7 +526,7 @@ class Engine:
         else:
             if self.flight_ring is not None:
                 flight.done(entries, time.time())
-            if any(e is not None and e.handle.waiters for e in entries):
+            if self.spin_s and any(e is not None and e.handle.waiters for e in entries):
                 self.woke_waiter = True     # see answered() (a wait that ended with the result leaves the count)
         finally:
             self.running = None
