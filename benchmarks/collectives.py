@@ -62,14 +62,22 @@ def _load() -> str:
 
 
 PEERS = ["horovod", "mpi4py", "torch-gloo"]
+# Measured on request: the four ops in plain Python and numpy through shared memory, none of a library's work
+# (benchmarks/workers/shm_floor.py): what any Python implementation pays on this host.
+FLOORS = ["pyshm"]
 # Variants of this project measured on request: name -> environment.
 # horovod-no-fast-rounds: every op through the coordinator and the data plane (none reduced by the coordinator).
 VARIANTS = {"horovod-slots": {"HOROVOD_SHM_CROSS_MEMORY": "0"},
             "horovod-no-fast-rounds": {"HOROVOD_FAST_ROUNDS": "0", "HOROVOD_COORDINATOR_CARRY_BYTES": "0"}}
 
 
-def _command(peer: str, np: int, size_arg: str, out: Path, adasum: bool) -> Optional[List[str]]:
-    """The command line that measures ``peer``, or None when it is not installed."""
+def _command(peer: str, np: int, size_arg: str, out: Path, adasum: bool,
+             segments: Optional[str] = None) -> Optional[List[str]]:
+    """The command line that measures ``peer``, or None when it is not installed (``segments``: a fresh
+    directory for the floor's shared files)."""
+    if peer == "pyshm":
+        return [sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, "-m",
+                "benchmarks.workers.shm_floor", str(out), size_arg, segments or str(out.parent)]
     if peer == "horovod" or peer in VARIANTS:
         return [sys.executable, "-m", "horovod.runner", "-np", str(np), sys.executable, "-m",
                 "benchmarks.workers.hvd_collectives", str(out), size_arg] + (["--adasum"] if adasum else [])
@@ -86,7 +94,7 @@ def _command(peer: str, np: int, size_arg: str, out: Path, adasum: bool) -> Opti
             return None
         return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(np), "--master_port",
                 "29517", "-m", "benchmarks.workers.torch_collectives", str(out), size_arg]
-    raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS + list(VARIANTS))}")
+    raise ValueError(f"unknown peer {peer!r}: choose from {', '.join(PEERS + FLOORS + list(VARIANTS))}")
 
 
 def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False,
@@ -94,10 +102,11 @@ def run_peers(np: int, sizes: List[int], timeout: float, adasum: bool = False,
     """Measure every available peer; returns peer name -> raw results (``adasum``: add this project's Adasum)."""
     results: Dict[str, dict] = {}
     size_arg = ",".join(str(s) for s in sizes)
-    with tempfile.TemporaryDirectory() as tmp:
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None      # the floor's files in memory, not on disk
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as segments:
         for peer in peers or PEERS:
             out = Path(tmp) / f"{peer}.json"
-            cmd = _command(peer, np, size_arg, out, adasum)
+            cmd = _command(peer, np, size_arg, out, adasum, segments)
             got = cmd and _run(cmd, out, timeout, VARIANTS.get(peer))
             if got:
                 got["load"] = _load()
@@ -172,6 +181,30 @@ def table(results: Dict[str, dict], np: int) -> str:
     return "\n".join(lines)
 
 
+def floor_table(results: Dict[str, dict], ours: str = "horovod", floor: str = "pyshm", ref: str = "mpi4py") -> str:
+    """Where a run measured the plain-Python floor: per op and size, ours and the floor as multiples of the
+    reference's time (or ours of the floor's, without the reference), and what ours adds to the floor in µs:
+    the library's own cost, which a Python implementation could shed. Empty without the floor."""
+    if floor not in results or ours not in results:
+        return ""
+    with_ref = ref in results
+    if with_ref:
+        lines = [f"\n**{ours} and the plain-Python floor ({floor})** (time ÷ {ref}'s; below 1 is faster)\n",
+                 f"| op | size | {ours} ÷ {ref} | {floor} ÷ {ref} | {ours} − {floor} (µs) |", "|---|---|---|---|---|"]
+    else:
+        lines = [f"\n**{ours} and the plain-Python floor ({floor})**\n",
+                 f"| op | size | {ours} ÷ {floor} | {ours} − {floor} (µs) |", "|---|---|---|---|"]
+    for op in OPS:
+        mine, low = results[ours]["results"].get(op, {}), results[floor]["results"].get(op, {})
+        refs = results[ref]["results"].get(op, {}) if with_ref else {}
+        for key in sorted(set(mine) & set(low) & (set(refs) if with_ref else set(low)), key=int):
+            t, f = mine[key], low[key]
+            ratios = [t / refs[key], f / refs[key]] if with_ref else [t / f]
+            lines.append(f"| {op} | {_fmt_size(int(key))} | " + " | ".join(f"{x:.2f}" for x in ratios)
+                         + f" | {(t - f) * 1e6:.1f} |")
+    return "\n".join(lines)
+
+
 def figures(results: Dict[str, dict]) -> List[str]:
     """The issue's figures as sentences with ratios."""
     out = []
@@ -228,7 +261,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--peers", default=",".join(PEERS),
                         help=f"comma-separated, in the order run; also {', '.join(VARIANTS)} (this project with "
-                             "cross-memory reads off, or with every op through the coordinator)")
+                             "cross-memory reads off, or with every op through the coordinator), and pyshm (the "
+                             "ops in plain Python and numpy through shared memory: the floor of any Python "
+                             "implementation here)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the peers this many times, alternated; the table shows medians")
     args = parser.parse_args(argv)
@@ -237,6 +272,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                       args.peers.split(",")) for _ in range(max(1, args.repeats))]
     results = runs[0] if len(runs) == 1 else _median_runs(runs)
     print(table(results, args.np))
+    print(floor_table(results))
     print()
     for line in spread_lines(runs):
         print(line)
