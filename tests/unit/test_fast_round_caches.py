@@ -93,3 +93,42 @@ def test_closing_lets_go_of_every_view_of_the_shared_area():
     for side in sides:
         side.close()
     assert sys.getrefcount(area) == before, "a closed side still holds views of the shared area: it cannot unmap"
+
+
+def _scaled_entry(rtype, tensor, output, name="s", **fields):
+    request = make_request(name, rtype, data_type_of(tensor.dtype), tensor.shape, **fields)
+    return Entry(request, tensor, output, Handle(name))
+
+
+def test_kept_reductions_and_input_views_give_every_round_its_own_result():
+    """Three ranks, each op over consecutive rounds (so on both buffers): an Average with both scale factors, then a
+    reducescatter, each result checked every round (a kept view of the other buffer, or a reduction that kept
+    stale values, fails)."""
+    sides = _sides(_area(3), 3)
+    for step in range(4):
+        tensors = [np.full((2, 3), step + 10.0 * r, np.float64) for r in range(3)]
+        entries = [_scaled_entry(RequestType.ALLREDUCE, t, np.empty_like(t), reduce_op=ReduceOp.AVERAGE,
+                                 prescale=2.0, postscale=0.5) for t in tensors]
+        assert _round(sides, entries) == [True, True, True]
+        for entry in entries:
+            np.testing.assert_allclose(entry.output, np.full((2, 3), (3 * step + 30.0) * 2 * 0.5 / 3))
+    for step in range(4):
+        rows = [np.arange(12, dtype=np.float32).reshape(4, 3) + 100 * r + step for r in range(3)]
+        scattered = [_scaled_entry(RequestType.REDUCESCATTER, t, None, "rs", reduce_op=ReduceOp.SUM) for t in rows]
+        assert _round(sides, scattered) == [True, True, True]
+        total = sum(rows)
+        for rank, (lo, hi) in enumerate([(0, 2), (2, 3), (3, 4)]):     # 4 rows: 2, 1, 1
+            np.testing.assert_array_equal(scattered[rank].output, total[lo:hi])
+
+
+def test_an_output_shaped_unlike_its_tensor_gets_the_reduction_in_its_own_shape():
+    """Flat outputs on both buffers, then shaped ones on both, then flat again: each buffer's kept reduction
+    meets both shapes."""
+    sides = _sides(_area())
+    for step, flat in enumerate([True, True, False, False, True, True]):
+        tensors = [np.full((2, 3), step + 10.0 * r, np.float32) for r in range(2)]
+        outputs = [np.empty(6, np.float32) if flat else np.empty((2, 3), np.float32) for _ in tensors]
+        entries = [_scaled_entry(RequestType.ALLREDUCE, t, o, reduce_op=ReduceOp.SUM) for t, o in zip(tensors, outputs)]
+        assert _round(sides, entries) == [True, True]
+        for out in outputs:
+            np.testing.assert_array_equal(out.reshape(-1), np.full(6, 2 * step + 10.0, np.float32))

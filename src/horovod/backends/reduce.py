@@ -84,13 +84,34 @@ def reduce_in_order(out: np.ndarray, parts: Sequence[np.ndarray], op: ReduceOp, 
     """``out`` = every rank's ``parts`` (in rank order; already prescaled) combined with ``op``, first two
     combined then each next reduced in, and scaled by ``postscale``: the data plane's order and kernels, so its
     bits. ``op`` is the backend op (Average arrives as SUM, its division in ``postscale``)."""
-    if len(parts) == 1:
-        np.copyto(out, parts[0])
+    in_order(parts, op, postscale)(out)
+
+
+def in_order(parts: Sequence[np.ndarray], op: ReduceOp, postscale: float = 1.0) -> Callable[[np.ndarray], None]:
+    """:func:`reduce_in_order` with everything but the output fixed: a function that reduces ``parts`` into the
+    output it is given. A fast round reduces the same slots every other round, and inside a round the steps of
+    the general call (the op's kernel looked up, the scale checked) cost more than the reduction of a small
+    tensor (docs/benchmarks.md, issue 31)."""
+    kernel = _UFUNCS[op]
+    first, rest = parts[0], list(parts[1:])
+    if not rest:
+        def run(out: np.ndarray) -> None:
+            np.copyto(out, first)
+            scale_inplace(out, postscale)
+    elif len(rest) == 1 and postscale == 1.0:
+        second = rest[0]
+
+        def run(out: np.ndarray) -> None:
+            kernel(first, second, out=out)
     else:
-        combine(out, parts[0], parts[1], op)
-    for part in parts[2:]:
-        reduce_into(out, part, op)
-    scale_inplace(out, postscale)
+        second, others = rest[0], rest[1:]
+
+        def run(out: np.ndarray) -> None:
+            kernel(first, second, out=out)
+            for part in others:
+                kernel(out, part, out=out)
+            scale_inplace(out, postscale)
+    return run
 
 
 def reduce_pieces(rank: int, size: int, own: np.ndarray, out: np.ndarray, op: ReduceOp, prescale: float,

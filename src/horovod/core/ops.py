@@ -17,7 +17,7 @@ import numpy as np
 from horovod.backends import device_ipc
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
-from horovod.core.controller.messages import HOST, make_request
+from horovod.core.controller.messages import HOST, make_request, single_request
 from horovod.core.engine import Entry, output_pool
 from horovod.core.engine.handles import Handle
 from horovod.core.process_sets import ProcessSet
@@ -191,7 +191,8 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     if output is None:
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
-    request = make_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor, device=device)
+    request = single_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor,
+                             device=device)
     _submit(engine, Entry(request, tensor, output, handle))
     return handle
 
@@ -231,7 +232,7 @@ def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Op
         raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
     name = name or tensor_name("allgather", None, process_set=process_set)
     handle = Handle(name)
-    request = make_request(name, RequestType.ALLGATHER, dtype, tensor.shape, device=device)
+    request = single_request(name, RequestType.ALLGATHER, dtype, tensor.shape, device=device)
     _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
 
@@ -265,7 +266,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
     if output is None:
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
-    request = make_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
+    request = single_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
     _submit(engine, Entry(request, tensor, output, handle))
     return handle
 
@@ -310,8 +311,8 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     _check_scale(dtype, prescale_factor, postscale_factor, "reducescatter")
     name = name or tensor_name("reducescatter", None, process_set=process_set)
     handle = Handle(name)
-    request = make_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
-                           postscale_factor, device=device)
+    request = single_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
+                             postscale_factor, device=device)
     _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
 

@@ -71,6 +71,31 @@ def make_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence
                    None if splits is None else [int(s) for s in splits], int(device))
 
 
+REQUESTS_KEPT = 1024           # single-tensor requests kept for the next identical call (see single_request)
+_requests: dict = {}
+
+
+def single_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence[int],
+                   reduce_op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0, postscale: float = 1.0,
+                   root: int = -1, device: int = HOST) -> Request:
+    """:func:`make_request` for one tensor outside a group, the same object again for the same arguments: a
+    training loop repeats its collectives, and building a request costs a small blocking call a twentieth of its
+    time (more inside a round than alone). Requests are never changed once made (the shape list included), so
+    sharing one is safe. The memo starts over once it holds ``REQUESTS_KEPT`` (a program that makes a new name
+    every call keeps no more)."""
+    key = (name, rtype, dtype, shape, reduce_op, prescale, postscale, root, device)
+    try:
+        request = _requests.get(key)
+    except TypeError:               # a shape that does not hash (a list): nothing kept
+        return make_request(name, rtype, dtype, shape, reduce_op, prescale, postscale, root, device=device)
+    if request is None:
+        if len(_requests) >= REQUESTS_KEPT:
+            _requests.clear()
+        request = _requests[key] = make_request(name, rtype, dtype, shape, reduce_op, prescale, postscale, root,
+                                                device=device)
+    return request
+
+
 class TensorResponse:
     """The negotiated description of one tensor's collective, identical on every rank."""
 

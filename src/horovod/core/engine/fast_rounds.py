@@ -62,7 +62,7 @@ import numpy as np
 
 from horovod.backends import cma, doorbell, spin
 from horovod.backends.blocks import split_counts
-from horovod.backends.reduce import reduce_in_order, reduce_pieces, scaled_copy
+from horovod.backends.reduce import in_order, reduce_pieces, scaled_copy
 from horovod.backends.shm import DIRECT_PIECE_BYTES, FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import ReduceOp, RequestType, numpy_dtype
@@ -218,6 +218,10 @@ class FastRounds:
         self._keys: Dict[str, Tuple[Request, int, bool, Optional[bytes]]] = {}
         self._header_keys: List[Optional[bytes]] = [None, None]     # the key in this rank's header, per buffer
         self._views: Dict[tuple, List[np.ndarray]] = {}    # see _slot_views (views of the shared area: close drops them)
+        # Per (key, buffer), views of the shared area made once (close drops them too): this rank's slot shaped as
+        # its input (_copy_in), a reducing round's reduction of the slots (_reduce_slots)
+        self._inputs: Dict[Tuple[bytes, int], Tuple[tuple, Optional[np.ndarray], float]] = {}
+        self._reductions: Dict[Tuple[bytes, int], Tuple[tuple, Callable[[np.ndarray], None]]] = {}
         self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
 
     def close(self) -> None:
@@ -226,6 +230,8 @@ class FastRounds:
         self.bell = None
         self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
         self._views.clear()
+        self._inputs.clear()
+        self._reductions.clear()
 
     def ring(self) -> None:
         """Wake the peers waiting on a round (a no-op once closed). The futex wake, most of a ring's cost, is made
@@ -284,7 +290,6 @@ class FastRounds:
         k = self.count + 1
         b = k % 2
         request = entry.request
-        tensor = entry.tensor.reshape(-1)
         mine = self.words[self.rank]
         if key.endswith(DIRECT_MARK):
             self._posted_array = posted = self._direct_array(entry)
@@ -293,9 +298,8 @@ class FastRounds:
                 out = entry.output
                 self._posted_output = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
                 mine[OUT_ADDRESS + b] = cma.shared_address(self._posted_output, besides=at)
-        elif request.rtype != _BROADCAST or self.ranks.index(request.root) == self.rank:
-            scaled_copy(self._slot_views(b, 0, tensor.nbytes, tensor.dtype)[self.rank], tensor,
-                        float(request.prescale))      # a broadcast's others send nothing
+        else:
+            self._copy_in(entry, key, b)
         if key is not self._header_keys[b]:         # a repeated op's key (the same object) is there already
             at = KEY_OFFSET + b * KEY_ROOM
             self.header_bytes[self.rank][at:at + len(key)] = key
@@ -305,6 +309,20 @@ class FastRounds:
         mine[COUNT] = self.count = k
         self.last_fast[b] = k
         return k
+
+    def _copy_in(self, entry: Entry, key: bytes, b: int) -> None:
+        """This rank's input, prescaled, into its slot ``b`` (a broadcast's other ranks send nothing), through a
+        view of the slot shaped as the input: made once per round key and buffer, and kept."""
+        tensor = entry.tensor
+        made = self._inputs.get((key, b))
+        if made is None or made[0] != tensor.shape:
+            request = entry.request
+            view = None
+            if request.rtype != _BROADCAST or self.ranks.index(request.root) == self.rank:
+                view = self._slot_views(b, 0, tensor.nbytes, tensor.dtype)[self.rank].reshape(tensor.shape)
+            made = _keep(self._inputs, (key, b), (tensor.shape, view, float(request.prescale)))
+        if made[1] is not None:
+            scaled_copy(made[1], tensor, made[2])
 
     def post_slow(self, seal: bool = False) -> None:
         """Post this rank's next record as SLOW; ``seal`` (a join) makes every later one SLOW too."""
@@ -343,7 +361,7 @@ class FastRounds:
             words[self.rank][RESOLVED] = k
             return False
         if posted is None:
-            self._finish(entry, b)
+            self._finish(entry, b, key)
             words[self.rank][RESOLVED] = k
         else:
             try:
@@ -527,12 +545,12 @@ class FastRounds:
                 f"The {op} of tensor '{entry.name}' could not copy to or from rank {self.ranks[peer]}'s memory "
                 f"({exc}); that rank has probably exited.") from None
 
-    def _finish(self, entry: Entry, b: int) -> None:
+    def _finish(self, entry: Entry, b: int, key: bytes) -> None:
         """The matched round's result into ``entry.output`` (an allgather's is allocated here)."""
         request = entry.request
         rtype = request.rtype
         if rtype == _ALLREDUCE:
-            self._reduce(entry, b)
+            self._reduce_slots(key, b, request, entry.output, 0)
             return
         dtype = numpy_dtype(request.dtype)
         n = entry.tensor.nbytes
@@ -544,7 +562,9 @@ class FastRounds:
                 _root_output(entry)
             return
         if rtype == _REDUCESCATTER:
-            self._reduce_scatter(entry, b, dtype)
+            start, out = self._own_rows(entry, dtype)
+            self._reduce_slots(key, b, request, out, start * dtype.itemsize)
+            entry.output = out
             return
         out = self._gathered_output(entry, dtype)
         flat, count = out.reshape(-1), entry.tensor.size
@@ -568,21 +588,17 @@ class FastRounds:
                            (sum(rows[:self.rank]) * row_elements(shape[1:]), (rows[self.rank], *shape[1:])))
         return layout[0], allocate_output(entry, layout[1], dtype)
 
-    def _reduce_scatter(self, entry: Entry, b: int, dtype: np.dtype) -> None:
-        """This rank's rows of every slot, reduced in rank order as the data plane does."""
-        dtype = np.dtype(dtype)
-        start, out = self._own_rows(entry, dtype)
-        self._reduce_slots(entry.request, out.reshape(-1), b, start * dtype.itemsize)
-        entry.output = out
-
-    def _reduce(self, entry: Entry, b: int) -> None:
-        self._reduce_slots(entry.request, entry.output.reshape(-1), b, 0)
-
-    def _reduce_slots(self, request: Request, out: np.ndarray, b: int, start: int) -> None:
+    def _reduce_slots(self, key: bytes, b: int, request: Request, out: np.ndarray, start: int) -> None:
         """Every rank's slot ``b`` from byte ``start``, as many elements as ``out`` holds, reduced into ``out``
-        in rank order (the data plane's order and kernels, so the same bits), then post-scaled."""
-        op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
-        reduce_in_order(out, self._slot_views(b, start, out.nbytes, out.dtype), op, postscale)
+        in rank order (the data plane's order and kernels, so the same bits), then post-scaled: an allreduce's
+        whole slots, a reducescatter's rows of this rank. The reduction is made once per round key and buffer
+        (the key fixes the op, the scale factors, the dtype and the shape, so the rows too) and kept."""
+        made = self._reductions.get((key, b))
+        if made is None or made[0] != out.shape:
+            op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
+            views = [v.reshape(out.shape) for v in self._slot_views(b, start, out.nbytes, out.dtype)]
+            made = _keep(self._reductions, (key, b), (out.shape, in_order(views, op, postscale)))
+        made[1](out)
 
     def _slot_views(self, b: int, start: int, nbytes: int, dtype: np.dtype) -> List[np.ndarray]:
         """Every rank's slot ``b`` from byte ``start``, ``nbytes`` of it as ``dtype``, in rank order (kept: a
