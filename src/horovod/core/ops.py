@@ -139,6 +139,11 @@ def _empty_like(tensor, device: int, dtype: Optional[DataType] = None):
 
 
 _ADASUM_DTYPES = frozenset({DataType.FLOAT16, DataType.FLOAT32, DataType.FLOAT64})
+# The members the per-call checks and requests use, as module globals: reading one costs a tenth of the enum class's
+# attribute lookup, which a small blocking call made a dozen times (docs/benchmarks.md, issue 31).
+_ADASUM, _AVERAGE, _SUM, _BOOL = ReduceOp.ADASUM, ReduceOp.AVERAGE, ReduceOp.SUM, DataType.BOOL
+_ALLREDUCE, _ALLGATHER, _BROADCAST = RequestType.ALLREDUCE, RequestType.ALLGATHER, RequestType.BROADCAST
+_REDUCESCATTER = RequestType.REDUCESCATTER
 
 
 def _as_op(op) -> ReduceOp:
@@ -148,10 +153,10 @@ def _as_op(op) -> ReduceOp:
 
 def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
     op = _as_op(op)
-    if op == ReduceOp.ADASUM and dtype not in _ADASUM_DTYPES:
+    if op == _ADASUM and dtype not in _ADASUM_DTYPES:
         raise ValueError(f"{what} with op=Adasum needs float16, float32 or float64 tensors, not "
                          f"{dtype.name.lower()}; cast the tensor, or use op=Sum or Average.")
-    if dtype == DataType.BOOL and op in (ReduceOp.AVERAGE,):
+    if dtype == _BOOL and op == _AVERAGE:
         raise ValueError(f"{what} with op=Average is not defined for bool tensors; use Sum (logical or), Min "
                          "(logical and) or Max.")
     return op
@@ -159,7 +164,7 @@ def _check_reduce(op: ReduceOp, dtype: DataType, what: str) -> ReduceOp:
 
 def _check_scale(dtype: DataType, prescale_factor: float, postscale_factor: float, what: str) -> None:
     """Scale factors other than 1 need a numeric dtype (upstream scales no bool tensors either)."""
-    if dtype == DataType.BOOL and (prescale_factor != 1.0 or postscale_factor != 1.0):
+    if dtype == _BOOL and (prescale_factor != 1.0 or postscale_factor != 1.0):
         raise ValueError(f"{what} cannot apply prescale_factor or postscale_factor to bool tensors; leave them "
                          "at 1.0 or cast the tensor to a numeric type.")
 
@@ -191,7 +196,7 @@ def allreduce_async(tensor: np.ndarray, output: Optional[np.ndarray] = None, nam
     if output is None:
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
-    request = single_request(name, RequestType.ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor,
+    request = single_request(name, _ALLREDUCE, dtype, tensor.shape, op, prescale_factor, postscale_factor,
                              device=device)
     _submit(engine, Entry(request, tensor, output, handle))
     return handle
@@ -232,7 +237,7 @@ def allgather_async(tensor: np.ndarray, name: Optional[str] = None, allocate: Op
         raise ValueError("allgather needs a tensor with at least one dimension; reshape scalars to shape [1].")
     name = name or tensor_name("allgather", None, process_set=process_set)
     handle = Handle(name)
-    request = single_request(name, RequestType.ALLGATHER, dtype, tensor.shape, device=device)
+    request = single_request(name, _ALLGATHER, dtype, tensor.shape, device=device)
     _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
 
@@ -266,7 +271,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, output: Optional[np.ndar
     if output is None:
         output = _empty_like(tensor, device, dtype)
     handle = Handle(name)
-    request = single_request(name, RequestType.BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
+    request = single_request(name, _BROADCAST, dtype, tensor.shape, root=int(root_rank), device=device)
     _submit(engine, Entry(request, tensor, output, handle))
     return handle
 
@@ -303,7 +308,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     engine = _engine(process_set)
     dtype = describe(tensor, device)
     op = _as_op(op)
-    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+    if op != _SUM and op != _AVERAGE:
         raise ValueError(f"reducescatter supports op=Sum and op=Average, not {op.name.capitalize()}.")
     if tensor.ndim == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension.")
@@ -311,7 +316,7 @@ def reducescatter_async(tensor: np.ndarray, name: Optional[str] = None, op: Redu
     _check_scale(dtype, prescale_factor, postscale_factor, "reducescatter")
     name = name or tensor_name("reducescatter", None, process_set=process_set)
     handle = Handle(name)
-    request = single_request(name, RequestType.REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
+    request = single_request(name, _REDUCESCATTER, dtype, tensor.shape, op, prescale_factor,
                              postscale_factor, device=device)
     _submit(engine, Entry(request, tensor, None, handle, allocate=allocate))
     return handle
