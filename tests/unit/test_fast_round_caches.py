@@ -132,3 +132,22 @@ def test_an_output_shaped_unlike_its_tensor_gets_the_reduction_in_its_own_shape(
         assert _round(sides, entries) == [True, True]
         for out in outputs:
             np.testing.assert_array_equal(out.reshape(-1), np.full(6, 2 * step + 10.0, np.float32))
+
+
+def test_kept_gather_and_broadcast_views_follow_both_buffers():
+    """Three ranks: allgathers over consecutive rounds, then broadcasts from rank 1 into outputs shaped as the
+    tensor and flat, each result checked every round."""
+    sides = _sides(_area(3), 3)
+    for step in range(4):
+        tensors = [np.full((2, 2), step + 10 * r, np.int32) for r in range(3)]
+        entries = [_entry(RequestType.ALLGATHER, t, "g") for t in tensors]
+        assert _round(sides, entries) == [True, True, True]
+        for entry in entries:
+            np.testing.assert_array_equal(entry.output, np.concatenate(tensors))
+    for step, flat in enumerate([False, False, True, True, False]):
+        tensors = [np.full((2, 3), step + 10.0 * r, np.float32) for r in range(3)]
+        outputs = [np.empty(6, np.float32) if flat else np.empty((2, 3), np.float32) for _ in tensors]
+        entries = [_scaled_entry(RequestType.BROADCAST, t, o, "b", root=1) for t, o in zip(tensors, outputs)]
+        assert _round(sides, entries) == [True, True, True]
+        for out in outputs:
+            np.testing.assert_array_equal(out.reshape(-1), np.full(6, step + 10.0, np.float32))

@@ -219,8 +219,12 @@ class FastRounds:
         self._header_keys: List[Optional[bytes]] = [None, None]     # the key in this rank's header, per buffer
         self._views: Dict[tuple, List[np.ndarray]] = {}    # see _slot_views (views of the shared area: close drops them)
         # Per (key, buffer), views of the shared area made once (close drops them too): this rank's slot shaped as
-        # its input (_copy_in), a reducing round's reduction of the slots (_reduce_slots)
+        # its input (_copy_in), an allgather's slots shaped as rows (_finish), a reducing round's reduction of the
+        # slots (_reduce_slots)
         self._inputs: Dict[Tuple[bytes, int], Tuple[tuple, Optional[np.ndarray], float]] = {}
+        # what a round copies out of the slots (_finish): an allgather's output shape and dtype and every rank's
+        # slot shaped as its rows; a broadcast's input shape and dtype and the root's slot so shaped
+        self._gathers: Dict[Tuple[bytes, int], tuple] = {}
         self._reductions: Dict[Tuple[bytes, int], Tuple[tuple, Callable[[np.ndarray], None]]] = {}
         self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
 
@@ -231,6 +235,7 @@ class FastRounds:
         self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
         self._views.clear()
         self._inputs.clear()
+        self._gathers.clear()
         self._reductions.clear()
 
     def ring(self) -> None:
@@ -555,21 +560,36 @@ class FastRounds:
         dtype = numpy_dtype(request.dtype)
         n = entry.tensor.nbytes
         if rtype == _BROADCAST:
-            root = self.ranks.index(request.root)
-            if root != self.rank:
-                np.copyto(entry.output.reshape(-1), self._slot_views(b, 0, n, dtype)[root])
-            else:
+            made = self._gathers.get((key, b))      # (the root's slot, shaped as the tensor; None on the root)
+            if made is None:
+                root = self.ranks.index(request.root)
+                view = None if root == self.rank else \
+                    self._slot_views(b, 0, n, dtype)[root].reshape(entry.tensor.shape)
+                made = _keep(self._gathers, (key, b), (entry.tensor.shape, dtype, view))
+            out = entry.output
+            if made[2] is None:
                 _root_output(entry)
+            elif out.shape == made[0]:
+                np.copyto(out, made[2])
+            else:
+                np.copyto(out.reshape(-1), made[2].reshape(-1))
             return
         if rtype == _REDUCESCATTER:
             start, out = self._own_rows(entry, dtype)
             self._reduce_slots(key, b, request, out, start * dtype.itemsize)
             entry.output = out
             return
-        out = self._gathered_output(entry, dtype)
-        flat, count = out.reshape(-1), entry.tensor.size
-        for r, view in enumerate(self._slot_views(b, 0, n, dtype)):
-            flat[r * count:(r + 1) * count] = view
+        made = self._gathers.get((key, b))
+        if made is None:
+            shape = tuple(request.shape)
+            rows = shape[0]
+            made = _keep(self._gathers, (key, b), (
+                (rows * self.size, *shape[1:]), dtype,
+                [(slice(r * rows, (r + 1) * rows), view.reshape(shape))
+                 for r, view in enumerate(self._slot_views(b, 0, n, dtype))]))
+        out = allocate_output(entry, made[0], made[1])
+        for rows, view in made[2]:
+            out[rows] = view
         entry.output = out
 
     def _gathered_output(self, entry: Entry, dtype: np.dtype) -> np.ndarray:
