@@ -16,7 +16,7 @@ from horovod.backends.shm import FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core import basics, ops
-from horovod.core.engine.fast_rounds import DIRECT_FROM, REDUCE_TOTAL_BYTES
+from horovod.core.engine.fast_rounds import DIRECT_ALLREDUCE_FROM, DIRECT_FROM, REDUCE_TOTAL_BYTES
 
 
 def _fast():
@@ -75,17 +75,22 @@ def test_scale_factors_and_in_place():
 
 def _allreduce_goes_direct(nbytes: int) -> bool:
     """Whether a blocking allreduce of ``nbytes`` should copy directly here: only where the ranks may copy to and
-    from each other's memory and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank), however
-    many cores the ranks share."""
+    from each other's memory, and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank, however
+    many cores the ranks share) or, where every rank has a core, from DIRECT_ALLREDUCE_FROM."""
     fast = _fast()
-    return fast is not None and fast.pids is not None and nbytes * fast.size > REDUCE_TOTAL_BYTES
+    return fast is not None and fast.pids is not None and (
+        nbytes * fast.size > REDUCE_TOTAL_BYTES or (fast.roomy and nbytes >= DIRECT_ALLREDUCE_FROM))
 
 
 def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
     """The largest allreduce through the slots: a slot, or less where every rank would read more than
-    REDUCE_TOTAL_BYTES of slots. A larger one goes fast only as a direct round."""
+    REDUCE_TOTAL_BYTES of slots, or just below DIRECT_ALLREDUCE_FROM where every rank has a core. A larger one
+    goes fast only as a direct round."""
     size = hvd.size()
-    fits = np.ones(min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size) // 4, np.float32)
+    largest = min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size)
+    if _fast() is not None and _fast().roomy and _fast().pids is not None:
+        largest = min(largest, DIRECT_ALLREDUCE_FROM - 4)
+    fits = np.ones(largest // 4, np.float32)
     before, direct = _matched(), _direct()
     np.testing.assert_array_equal(hvd.allreduce(fits, op=hvd.Sum, name="fr.fits"), np.full_like(fits, size))
     _expect_fast(before)

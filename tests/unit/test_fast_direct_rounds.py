@@ -288,3 +288,25 @@ def test_a_failed_read_of_a_direct_allreduce_names_the_peer_and_the_round_still_
     assert isinstance(results[0], HorovodInternalError)
     assert "allreduce of tensor 't' could not copy to or from rank 1's memory" in str(results[0])
     assert results[1] is True
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_where_every_rank_has_a_core_an_allreduce_goes_direct_from_its_threshold(size):
+    """From DIRECT_ALLREDUCE_FROM an allreduce that the slots could take still goes direct where every rank has a
+    core (it moves half their bytes), and gives every rank the sum; just below, or where the ranks outnumber the
+    cores, it takes the slots."""
+    at = fast_rounds.DIRECT_ALLREDUCE_FROM
+    assert at * size <= fast_rounds.REDUCE_TOTAL_BYTES and at <= FAST_SLOT_BYTES     # the slots could take it
+    assert fast_rounds.goes_direct(RequestType.ALLREDUCE, at, size, True, roomy=True)
+    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, at - 4, size, True, roomy=True)
+    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, at, size, True, roomy=False)
+    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, at, size, False, roomy=True)
+    for roomy, direct in [(True, 1), (False, 0)]:
+        sides = _sides([os.getpid()] * size, roomy=(roomy,) * size, size=size)
+        count = at // 4 + 3                                 # does not split evenly among 2 or 3 ranks
+        tensors = [np.arange(count, dtype=np.float32) % 13 * (r + 1) for r in range(size)]
+        entries = [_entry(RequestType.ALLREDUCE, t, np.empty_like(t)) for t in tensors]
+        assert _round(sides, entries) == [True] * size
+        assert [s.direct for s in sides] == [direct] * size
+        for entry in entries:
+            np.testing.assert_array_equal(entry.output, sum(tensors))

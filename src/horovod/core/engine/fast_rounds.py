@@ -28,8 +28,9 @@ the owner posts SLOW rather than wait, because a reader may be waiting, through 
 this rank is about to submit. In a loop of blocking calls a peer resolves round k before it posts round k + 1,
 so the buffer of round k is always free again at round k + 2.
 
-**Direct rounds.** A broadcast or allgather from DIRECT_FROM bytes (per rank), and an allreduce or reducescatter
-too large for the slots, need not pass through the slots: where every rank may copy to and from its peers' memory
+**Direct rounds.** A broadcast or allgather from DIRECT_FROM bytes (per rank), an allreduce or reducescatter
+too large for the slots, and an allreduce from DIRECT_ALLREDUCE_FROM where every rank has a core, need not pass
+through the slots: where every rank may copy to and from its peers' memory
 (``process_vm_readv``/``writev``, agreed when the shm plane started, :mod:`horovod.backends.cma`), the record
 carries the address of the rank's own array instead, and a matched round copies each byte once, straight from the
 sender's array into the receiver's, with no size limit. A direct allreduce also posts its output's address: each rank reads its own segment of every peer's
@@ -99,9 +100,14 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
 # An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
 # rank, or a slot), at any size: single copies by cross-memory calls move about a quarter of memcpy's bytes per
-# second on the reference VM, so below that the slots' two cache-hot copies are faster; above, a direct round in
-# pieces of DIRECT_PIECE_BYTES (read, reduced and written while in the cache) beat the data plane's chunks by
-# 1.2-1.4x at 64-256 MB (docs/benchmarks.md, issue 31).
+# second on the reference VM, so below that the slots' two cache-hot copies are mostly faster; above, a direct
+# round in pieces of DIRECT_PIECE_BYTES (read, reduced and written while in the cache) beat the data plane's chunks
+# by 1.2-1.4x at 64-256 MB (docs/benchmarks.md, issue 31).
+# Where every rank has a core, an allreduce goes direct from this size too (per rank, at any rank count): it moves
+# half the bytes of the slots' round (each rank reads and writes only its segment of the peers' buffers). 2 ranks,
+# 512 KB-1 MB, alternated in one job: 0.84-0.96x the slots' time on a quiet VM, 0.83-1.29x beside two busy cores
+# (docs/benchmarks.md, issue 31). Below it the cross-memory calls' fixed cost loses (256 KB: 1.14x, 128 KB: 1.57x).
+DIRECT_ALLREDUCE_FROM = 512 << 10
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
@@ -142,12 +148,13 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     ranks outnumber the cores (not ``roomy``), a broadcast or an allgather goes direct only when it does not fit a
     slot: there the direct round's closing wait costs more context switches than the second copy. An allreduce
     beyond REDUCE_TOTAL_BYTES goes direct either way: its slot round would have every rank reduce every slot (4
-    ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator). The choice is part of
-    the round's key, so ranks that choose differently do not match."""
+    ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator); where every rank has a
+    core, so does one from DIRECT_ALLREDUCE_FROM. The choice is part of the round's key, so ranks that choose
+    differently do not match."""
     if not cross:
         return False
     if rtype == RequestType.ALLREDUCE:
-        return nbytes * size > REDUCE_TOTAL_BYTES
+        return nbytes * size > REDUCE_TOTAL_BYTES or (roomy and nbytes >= DIRECT_ALLREDUCE_FROM)
     if rtype == RequestType.REDUCESCATTER:
         return nbytes > FAST_SLOT_BYTES
     return nbytes >= DIRECT_FROM.get(rtype, 1 << 62) and (roomy or nbytes > FAST_SLOT_BYTES)
