@@ -89,6 +89,8 @@ def test_closing_lets_go_of_every_view_of_the_shared_area():
     for count in (4, 7):        # views of two sizes (and of both buffers) are kept
         _round(sides, [_entry(RequestType.ALLREDUCE, np.ones(count, np.float32)) for _ in sides])
         _round(sides, [_entry(RequestType.BROADCAST, np.ones(count, np.float32), root=0) for _ in sides])
+        _round(sides, [_entry(RequestType.ALLGATHER, np.ones((count, 2), np.float32), "g") for _ in sides])
+        _round(sides, [_entry(RequestType.REDUCESCATTER, np.ones((count, 2), np.float32), "r") for _ in sides])
     assert sys.getrefcount(area) > before
     for side in sides:
         side.close()

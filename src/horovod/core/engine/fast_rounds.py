@@ -225,13 +225,13 @@ class FastRounds:
         self._keys: Dict[str, Tuple[Request, int, bool, Optional[bytes]]] = {}
         self._header_keys: List[Optional[bytes]] = [None, None]     # the key in this rank's header, per buffer
         self._views: Dict[tuple, List[np.ndarray]] = {}    # see _slot_views (views of the shared area: close drops them)
-        # Per (key, buffer), views of the shared area made once (close drops them too): this rank's slot shaped as
-        # its input (_copy_in), an allgather's slots shaped as rows (_finish), a reducing round's reduction of the
-        # slots (_reduce_slots)
+        # Per (round key, buffer), what a round makes of the shared area once and keeps (close drops them too):
+        # this rank's slot shaped as its input (_copy_in), a broadcast's root slot shaped as the tensor
+        # (_copy_root), an allgather's output shape and every slot shaped as its rows (_gather), the reduction of
+        # every slot (_reduce_slots)
         self._inputs: Dict[Tuple[bytes, int], Tuple[tuple, Optional[np.ndarray], float]] = {}
-        # what a round copies out of the slots (_finish): an allgather's output shape and dtype and every rank's
-        # slot shaped as its rows; a broadcast's input shape and dtype and the root's slot so shaped
-        self._gathers: Dict[Tuple[bytes, int], tuple] = {}
+        self._roots: Dict[Tuple[bytes, int], Tuple[tuple, Optional[np.ndarray]]] = {}
+        self._gathers: Dict[Tuple[bytes, int], Tuple[tuple, np.dtype, List[Tuple[slice, np.ndarray]]]] = {}
         self._reductions: Dict[Tuple[bytes, int], Tuple[tuple, Callable[[np.ndarray], None]]] = {}
         self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
 
@@ -242,6 +242,7 @@ class FastRounds:
         self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
         self._views.clear()
         self._inputs.clear()
+        self._roots.clear()
         self._gathers.clear()
         self._reductions.clear()
 
@@ -563,37 +564,45 @@ class FastRounds:
         rtype = request.rtype
         if rtype == _ALLREDUCE:
             self._reduce_slots(key, b, request, entry.output, 0)
-            return
-        dtype = numpy_dtype(request.dtype)
-        n = entry.tensor.nbytes
-        if rtype == _BROADCAST:
-            made = self._gathers.get((key, b))      # (the root's slot, shaped as the tensor; None on the root)
-            if made is None:
-                root = self.ranks.index(request.root)
-                view = None if root == self.rank else \
-                    self._slot_views(b, 0, n, dtype)[root].reshape(entry.tensor.shape)
-                made = _keep(self._gathers, (key, b), (entry.tensor.shape, dtype, view))
-            out = entry.output
-            if made[2] is None:
-                _root_output(entry)
-            elif out.shape == made[0]:
-                np.copyto(out, made[2])
-            else:
-                np.copyto(out.reshape(-1), made[2].reshape(-1))
-            return
-        if rtype == _REDUCESCATTER:
+        elif rtype == _BROADCAST:
+            self._copy_root(entry, b, key)
+        elif rtype == _REDUCESCATTER:
+            dtype = numpy_dtype(request.dtype)
             start, out = self._own_rows(entry, dtype)
             self._reduce_slots(key, b, request, out, start * dtype.itemsize)
             entry.output = out
-            return
+        else:
+            self._gather(entry, b, key)
+
+    def _copy_root(self, entry: Entry, b: int, key: bytes) -> None:
+        """A matched broadcast: the root's slot ``b`` into this rank's output (the root's own: its input), through
+        a view of the slot shaped as the tensor, made once per round key and buffer."""
+        made = self._roots.get((key, b))
+        if made is None:
+            request, tensor = entry.request, entry.tensor
+            root = self.ranks.index(request.root)
+            view = None if root == self.rank else self._slot_views(
+                b, 0, tensor.nbytes, numpy_dtype(request.dtype))[root].reshape(tensor.shape)
+            made = _keep(self._roots, (key, b), (tensor.shape, view))
+        out, view = entry.output, made[1]
+        if view is None:
+            _root_output(entry)
+        elif out.shape == made[0]:
+            np.copyto(out, view)
+        else:
+            np.copyto(out.reshape(-1), view.reshape(-1))
+
+    def _gather(self, entry: Entry, b: int, key: bytes) -> None:
+        """A matched allgather: every rank's slot ``b``, in rank order, into a new output (equal shapes: the key
+        says so); the output's shape and the slots' views shaped as rows are made once per round key and buffer."""
         made = self._gathers.get((key, b))
         if made is None:
-            shape = tuple(request.shape)
+            request = entry.request
+            shape, dtype = tuple(request.shape), numpy_dtype(request.dtype)
             rows = shape[0]
-            made = _keep(self._gathers, (key, b), (
-                (rows * self.size, *shape[1:]), dtype,
-                [(slice(r * rows, (r + 1) * rows), view.reshape(shape))
-                 for r, view in enumerate(self._slot_views(b, 0, n, dtype))]))
+            views = self._slot_views(b, 0, entry.tensor.nbytes, dtype)
+            made = _keep(self._gathers, (key, b), ((rows * self.size, *shape[1:]), dtype, [
+                (slice(r * rows, (r + 1) * rows), view.reshape(shape)) for r, view in enumerate(views)]))
         out = allocate_output(entry, made[0], made[1])
         for rows, view in made[2]:
             out[rows] = view
