@@ -2,12 +2,12 @@
 recursive doubling give every rank the sum, over real TCP connections on localhost (a loopback address per rank,
 as each host has its own), one thread per rank."""
 import socket
-import threading
 
 import numpy as np
 import pytest
 
 from benchmarks.workers import cross_host_floor
+from tests.support.thread_ranks import on_threads
 
 
 def _free_port() -> int:
@@ -18,26 +18,19 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize("algorithm,size", [("star", 1), ("star", 3), ("star", 4), ("rd", 2), ("rd", 4)])
 def test_every_rank_gets_the_sum(algorithm, size):
-    port, results, errors = _free_port(), {}, []
+    port = _free_port()
     build = {"star": cross_host_floor.star, "rd": cross_host_floor.recursive_doubling}[algorithm]
 
-    def rank_main(rank: int) -> None:
-        try:
-            peers = cross_host_floor.mesh(rank, [f"127.0.0.{r + 1}" for r in range(size)], port)
-            x = np.arange(5, dtype=np.float32) + 10 * rank
-            run = build(rank, size, peers, x)
-            results[rank] = [run().copy() for _ in range(3)]
-            for sock in peers.values():
-                sock.close()
-        except BaseException as exc:        # reported by the main thread
-            errors.append(exc)
+    def rank_main(rank: int) -> list:
+        peers = cross_host_floor.mesh(rank, [f"127.0.0.{r + 1}" for r in range(size)], port)
+        x = np.arange(5, dtype=np.float32) + 10 * rank
+        run = build(rank, size, peers, x)
+        got = [run().copy() for _ in range(3)]
+        for sock in peers.values():
+            sock.close()
+        return got
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors and len(results) == size
+    results = on_threads(size, rank_main, 30)
     expected = sum(np.arange(5, dtype=np.float32) + 10 * r for r in range(size))
     for rank in range(size):
         for got in results[rank]:

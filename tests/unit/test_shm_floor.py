@@ -4,7 +4,6 @@ overwritten slot shows), one thread per rank on one shared file; the worker runs
 and benchmarks/collectives.py's table of ours against the floor."""
 import json
 import sys
-import threading
 import time
 
 import numpy as np
@@ -13,30 +12,19 @@ import pytest
 from benchmarks.collectives import floor_table
 from benchmarks.workers import shm_floor
 from tests.support.launch import horovodrun
+from tests.support.thread_ranks import on_threads
 
 ROUNDS = 5
 
 
 def _on_ranks(size, tmp_path, body):
-    """``body(floor, rank)`` on ``size`` threads, each its own rank of one shared segment; returns rank ->
-    what it returned."""
-    results, errors = {}, []
-
+    """``body(floor, rank)`` on ``size`` threads, each its own rank of one shared segment; what each returned,
+    in rank order."""
     def rank_main(rank):
-        try:
-            seg = shm_floor.Segment(tmp_path / "segment", rank, size, 1024)
-            results[rank] = body(shm_floor.ShmFloor(seg, oversubscribed=True), rank)
-        except BaseException as exc:        # reported by the main thread
-            errors.append(exc)
+        seg = shm_floor.Segment(tmp_path / "segment", rank, size, 1024)
+        return body(shm_floor.ShmFloor(seg, oversubscribed=True), rank)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
-    assert len(results) == size, "a rank never finished"
-    return results
+    return on_threads(size, rank_main, 60)
 
 
 def _input(rank, k, count):

@@ -63,7 +63,7 @@ DUPLICATE_NAME_MESSAGE = (
 )
 SHUTDOWN_WAIT_SECONDS = loops.SHUTDOWN_WAIT_SECONDS
 ObserverT = TypeVar("ObserverT", bound=EngineObserver)
-_RUNNING = EngineState.RUNNING      # a module global: a tenth of the enum class's attribute lookup per blocking call
+_RUNNING = EngineState.RUNNING      # a module global: a tenth of the enum class's attribute lookup (hot paths)
 
 
 class Engine:
@@ -384,7 +384,7 @@ class Engine:
         """Wait for the next event: poll briefly after real work (see ``active``), then block in the kernel."""
         now = time.perf_counter()
         while now < self.last_activity + self.spin_s:     # re-read: a blocking call sent meanwhile extends it
-            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes or self.parks:
+            if self.queue or self.state is not _RUNNING or self.waits.notes or self.parks:
                 return []
             events = selector.select(0)
             if events:
@@ -393,7 +393,7 @@ class Engine:
                 return []
             now = time.perf_counter()
         with self.lock:
-            if self.queue or self.state is not EngineState.RUNNING or self.waits.notes or self.parks:
+            if self.queue or self.state is not _RUNNING or self.waits.notes or self.parks:
                 return []
             self.sleeping = True
         events = selector.select(timeout)
