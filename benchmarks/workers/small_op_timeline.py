@@ -96,10 +96,10 @@ def instrument(engine: Engine) -> List[Callable]:
     ]
     original_add = Coordinator.add_request
 
-    def add_request(self, rank, request):
+    def add_request(self, rank, request, *rest):
         if request[0] == "small.ar":        # not the peer's next, unstamped op arriving early
             EVENTS.append((f"request_{rank}", _ns()))
-        return original_add(self, rank, request)
+        return original_add(self, rank, request, *rest)
 
     Coordinator.add_request = add_request
     undos.append(lambda: setattr(Coordinator, "add_request", original_add))
