@@ -20,7 +20,7 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,20 +56,23 @@ def report(res: dict) -> List[str]:
     return lines
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def overhead_main(argv: Optional[List[str]], doc: str, worker: str, sizes: str, scale: float,
+                  report: Callable[[dict], List[str]]) -> int:
+    """A binding-overhead script's command line (``--np``, ``--sizes``, ``--scale``, ``--json``, ``--timeout``):
+    runs ``worker`` (a module of benchmarks/workers taking OUT.json SIZES SCALE) under horovodrun and prints
+    ``report`` of what its rank 0 wrote."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per tensor, comma-separated")
-    parser.add_argument("--scale", type=float, default=0.25,
+    parser.add_argument("--sizes", default=sizes, help="bytes per tensor, comma-separated")
+    parser.add_argument("--scale", type=float, default=scale,
                         help="multiplies the iteration counts of benchmarks/workers/timing.py::iterations")
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument("--timeout", type=float, default=600)
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "tf-overhead.json"
-        res = _run(horovod_cmd(opts.np, ["-m", "benchmarks.workers.tf_overhead", str(out), opts.sizes,
-                                         str(opts.scale)]), out, opts.timeout)
+        out = Path(tmp) / "overhead.json"
+        res = _run(horovod_cmd(opts.np, ["-m", worker, str(out), opts.sizes, str(opts.scale)]), out, opts.timeout)
     if res is None:
         return 1
     print()
@@ -77,6 +80,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if opts.json:
         Path(opts.json).write_text(json.dumps({"options": vars(opts), "results": res}, indent=1))
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return overhead_main(argv, __doc__, "benchmarks.workers.tf_overhead", ",".join(str(s) for s in SIZES), 0.25,
+                         report)
 
 
 if __name__ == "__main__":

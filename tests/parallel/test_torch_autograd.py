@@ -284,3 +284,62 @@ def test_gradient_flows_through_a_chain_of_collectives():
     mean_factor = sum(q + 1 for q in range(size)) / size
     expected = (size * size * w_all * mean_factor)[2 * rank:2 * rank + 2]
     torch.testing.assert_close(x.grad, expected)
+
+
+# Each differentiable call on x = full((2 * size, 3), rank + 1), the autograd Function it applies when autograd
+# records, and its result then.
+def _sum_of_ranks(size):
+    return size * (size + 1) / 2
+
+
+NO_GRAPH = {
+    "allreduce": ("HorovodAllreduce", lambda x: hvd.allreduce(x, op=hvd.Sum, name="nograph.ar"),
+                  lambda size: torch.full((2 * size, 3), _sum_of_ranks(size))),
+    "grouped_allreduce": ("HorovodGroupedAllreduce",
+                          lambda x: hvd.grouped_allreduce([x], op=hvd.Sum, name="nograph.gar")[0],
+                          lambda size: torch.full((2 * size, 3), _sum_of_ranks(size))),
+    "allgather": ("HorovodAllgather", lambda x: hvd.allgather(x, name="nograph.ag"),
+                  lambda size: torch.cat([torch.full((2 * size, 3), r + 1.0) for r in range(size)])),
+    "grouped_allgather": ("HorovodGroupedAllgather", lambda x: hvd.grouped_allgather([x], name="nograph.gag")[0],
+                          lambda size: torch.cat([torch.full((2 * size, 3), r + 1.0) for r in range(size)])),
+    "broadcast": ("HorovodBroadcast", lambda x: hvd.broadcast(x, 0, name="nograph.bc"),
+                  lambda size: torch.full((2 * size, 3), 1.0)),
+    "alltoall": ("HorovodAlltoall", lambda x: hvd.alltoall(x, name="nograph.a2a"),
+                 lambda size: torch.cat([torch.full((2, 3), r + 1.0) for r in range(size)])),
+    "reducescatter": ("HorovodReducescatter", lambda x: hvd.reducescatter(x, op=hvd.Sum, name="nograph.rs"),
+                      lambda size: torch.full((2, 3), _sum_of_ranks(size))),
+    "grouped_reducescatter": ("HorovodGroupedReducescatter",
+                              lambda x: hvd.grouped_reducescatter([x], op=hvd.Sum, name="nograph.grs")[0],
+                              lambda size: torch.full((2, 3), _sum_of_ranks(size))),
+}
+
+
+@pytest.mark.parametrize("mode", ["input_without_grad", "no_grad"])
+@pytest.mark.parametrize("call", sorted(NO_GRAPH))
+def test_calls_autograd_does_not_record_skip_the_function(call, mode, monkeypatch):
+    """Where autograd records nothing (no input requires grad, or grad mode is off) a differentiable call gives
+    its result without Function.apply, and the result has no graph; the gradient tests above show that it
+    still applies the Function when autograd records."""
+    from horovod.torch import autograd_ops
+
+    function, run, expected = NO_GRAPH[call]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{function}.apply ran although autograd records nothing")
+
+    monkeypatch.setattr(getattr(autograd_ops, function), "apply", refuse)
+    rank, size = hvd.rank(), hvd.size()
+    x = torch.full((2 * size, 3), rank + 1.0, requires_grad=mode == "no_grad")
+    if mode == "no_grad":
+        with torch.no_grad():
+            y = run(x)
+    else:
+        y = run(x)
+    assert y.grad_fn is None and not y.requires_grad
+    torch.testing.assert_close(y, expected(size))
+
+
+def test_a_call_autograd_records_applies_the_function():
+    x = torch.ones(3, requires_grad=True)
+    y = hvd.allreduce(x, op=hvd.Sum, name="graph.ar")
+    assert type(y.grad_fn).__name__ == "HorovodAllreduceBackward"

@@ -461,3 +461,25 @@ def test_sparse_allreduce_async(op_name):
 
 def test_unknown_handle_synchronize_returns_none():
     assert hvd.synchronize(10 ** 9) is None
+
+
+def test_blocking_calls_register_no_handle():
+    """A blocking call takes its result straight from the submission: it registers no integer handle (so the
+    next async call's handle follows the last one's), and its result is what the async form gives."""
+    size = hvd.size()
+    t = torch.ones(2 * size, 3)
+    first = hvd.allreduce_async_(t.clone(), op=hvd.Sum, name="handles.first")
+    assert hvd.synchronize(first).tolist() == [[float(size)] * 3] * (2 * size)
+    results = [hvd.allreduce_(t.clone(), op=hvd.Sum, name="handles.ar_"),
+               hvd.allreduce(t, op=hvd.Sum, name="handles.ar"),
+               hvd.grouped_allreduce_([t.clone()], op=hvd.Sum, name="handles.gar_")[0],
+               hvd.broadcast_(t.clone(), 0, name="handles.bc_"),
+               hvd.allgather(t, name="handles.ag"),
+               hvd.reducescatter(t, op=hvd.Sum, name="handles.rs"),
+               hvd.alltoall(t, name="handles.a2a")]
+    second = hvd.allreduce_async_(t.clone(), op=hvd.Sum, name="handles.second")
+    hvd.synchronize(second)
+    assert second == first + 1
+    assert [r.shape[0] for r in results] == [2 * size, 2 * size, 2 * size, 2 * size, 2 * size * size, 2, 2 * size]
+    assert results[0].tolist() == results[1].tolist() == results[2].tolist() == [[float(size)] * 3] * (2 * size)
+    assert results[5].tolist() == [[float(size)] * 3] * 2

@@ -22,6 +22,7 @@ from horovod.torch.tensors import (
     MOVE_DTYPES,
     REDUCE_DTYPES,
     check_tensor,
+    from_array,
     numpy_view,
     to_device_of,
     to_host,
@@ -39,27 +40,52 @@ def _name(op: str, name: Optional[str], process_set: Optional[ProcessSet] = None
     return ops.tensor_name(op, name, process_set=process_set)
 
 
-def _allreduce_async(tensor: torch.Tensor, output: torch.Tensor, name: Optional[str], op: ReduceOp,
-                     prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> int:
+def _returns(output):
+    """A finish for a result that is already in its torch tensor (a CPU output, or one on a device plane)."""
+    return lambda _: output
+
+
+def start_allreduce(tensor: torch.Tensor, output: Optional[torch.Tensor], name: Optional[str], op: ReduceOp,
+                    prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> Pending:
+    """Submit an allreduce of ``tensor`` into ``output`` (``tensor`` itself for the in-place forms; None: a new
+    tensor, see :func:`_new_output`)."""
     check_tensor(tensor, REDUCE_DTYPES, "allreduce")
+    if output is None and tensor.is_cpu:
+        array = numpy_view(tensor)
+        handle = ops.allreduce_async(array, None, _name("allreduce", name, process_set), op, prescale_factor,
+                                     postscale_factor, process_set)
+        return Pending(handle, _new_output(tensor.dtype), (tensor,))
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     device = cuda_ipc.device_for([tensor, output], op)
     if device:
         handle = ops.allreduce_async(tensor, output, _name("allreduce", name, process_set), op, prescale_factor,
                                      postscale_factor, process_set, device=device)
-        return handle_map.add(Pending(handle, lambda _: output, (tensor, output)))
+        return Pending(handle, _returns(output), (tensor, output))
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
     array_in = numpy_view(host_in)
     array_out = array_in if host_out is host_in else numpy_view(host_out)
     handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name, process_set), op, prescale_factor,
                                  postscale_factor, process_set)
+    if host_out is output:
+        return Pending(handle, _returns(output), (tensor, output))
+    return Pending(handle, _copied_back(host_out, output), (tensor, output, host_in, host_out))
 
+
+def _new_output(dtype: torch.dtype):
+    """A finish that gives the op layer's new output array (from its pool at 1 MB and up: reused once dropped,
+    where ``torch.empty_like`` maps fresh pages every call) as a torch tensor of ``dtype``, without a copy."""
+    return lambda array: from_array(array, dtype)
+
+
+def _copied_back(host: torch.Tensor, output: torch.Tensor):
+    """A finish that copies a staged host result into the device tensor ``output``."""
     def finish(_):
-        if output.device.type != "cpu":
-            output.copy_(host_out)
+        output.copy_(host)
         return output
 
-    return handle_map.add(Pending(handle, finish, (tensor, output, host_in, host_out)))
+    return finish
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -67,8 +93,7 @@ def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: 
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an allreduce of ``tensor`` into a new tensor; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set)
+    return handle_map.add(start_allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -76,19 +101,30 @@ def allreduce_async_(tensor: torch.Tensor, average: Optional[bool] = None, name:
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place allreduce of ``tensor``; returns a handle."""
     op = handle_average_backwards_compatibility(op, average)
-    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set)
+    return handle_map.add(start_allreduce(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set))
 
 
-def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], name, op,
-                             prescale_factor, postscale_factor, process_set) -> int:
-    tensors, outputs = list(tensors), list(outputs)
+def start_grouped_allreduce(tensors: Sequence[torch.Tensor], outputs: Optional[Sequence[torch.Tensor]], name, op,
+                            prescale_factor, postscale_factor, process_set) -> Pending:
+    """Submit an allreduce of a list of tensors into ``outputs`` (``tensors`` for the in-place forms; None: new
+    tensors, as :func:`_new_output` makes them), as one unit."""
+    tensors = list(tensors)
     for t in tensors:
         check_tensor(t, REDUCE_DTYPES, "grouped_allreduce")
+    if outputs is None and all(t.is_cpu for t in tensors):
+        handle = ops.grouped_allreduce_async([numpy_view(t) for t in tensors], None,
+                                             _name("grouped_allreduce", name, process_set), op, prescale_factor,
+                                             postscale_factor, process_set)
+        made = [_new_output(t.dtype) for t in tensors]
+        return Pending(handle, lambda arrays: [new(a) for new, a in zip(made, arrays)], (tensors,))
+    if outputs is None:
+        outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    outputs = list(outputs)
     device = cuda_ipc.device_for(tensors + outputs, op)
     if device:
         handle = ops.grouped_allreduce_async(tensors, outputs, _name("grouped_allreduce", name, process_set), op,
                                              prescale_factor, postscale_factor, process_set, device=device)
-        return handle_map.add(Pending(handle, lambda _: outputs, (tensors, outputs)))
+        return Pending(handle, _returns(outputs), (tensors, outputs))
     host_in = [to_host(t) for t in tensors]
     host_out = [hi if o is t else to_host(o) for t, o, hi in zip(tensors, outputs, host_in)]
     handle = ops.grouped_allreduce_async([numpy_view(t) for t in host_in], [numpy_view(o) for o in host_out],
@@ -97,11 +133,11 @@ def _grouped_allreduce_async(tensors: Sequence[torch.Tensor], outputs: Sequence[
 
     def finish(_):
         for out, ho in zip(outputs, host_out):
-            if out.device.type != "cpu":
+            if ho is not out:
                 out.copy_(ho)
         return outputs
 
-    return handle_map.add(Pending(handle, finish, (tensors, outputs, host_in, host_out)))
+    return Pending(handle, finish, (tensors, outputs, host_in, host_out))
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -110,8 +146,8 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[b
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allreduce of a list of tensors, negotiated and fused as one unit."""
     op = handle_average_backwards_compatibility(op, average)
-    outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor, process_set)
+    return handle_map.add(start_grouped_allreduce(tensors, None, name, op, prescale_factor, postscale_factor,
+                                                  process_set))
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -120,7 +156,8 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: Optional[
                              process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place grouped allreduce."""
     op = handle_average_backwards_compatibility(op, average)
-    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor, postscale_factor, process_set)
+    return handle_map.add(start_grouped_allreduce(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                                  process_set))
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
@@ -152,20 +189,26 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: ReduceOp,
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather along dim 0 (dim 0 may differ between ranks)."""
+    return handle_map.add(start_allgather(tensor, name, process_set))
+
+
+def start_allgather(tensor: torch.Tensor, name: Optional[str], process_set: ProcessSet) -> Pending:
+    """Submit an allgather of ``tensor`` along dim 0 into a new tensor."""
     check_tensor(tensor, MOVE_DTYPES, "allgather")
     made: List[torch.Tensor] = []
     device = cuda_ipc.device_for([tensor])
     if device:
         handle = ops.allgather_async(tensor, _name("allgather", name, process_set), cuda_ipc.allocator(tensor, made),
                                      process_set, device=device)
-        return handle_map.add(Pending(handle, lambda _: made[0], (tensor, made)))
+        return Pending(handle, lambda _: made[0], (tensor, made))
     host = to_host(tensor)
-    handle = ops.allgather_async(numpy_view(host), _name("allgather", name, process_set), torch_allocator(tensor.dtype, made), process_set)
-    return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
+    handle = ops.allgather_async(numpy_view(host), _name("allgather", name, process_set),
+                                 torch_allocator(tensor.dtype, made), process_set)
+    return Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made))
 
 
-def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str,
-                        start: Callable[..., Handle]) -> int:
+def start_grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str,
+                             start: Callable[..., Handle]) -> Pending:
     """A grouped op whose outputs are sized by negotiation: one new torch output per tensor, in order.
     ``start(arrays, allocators, device)`` submits it."""
     tensors = list(tensors)
@@ -175,58 +218,73 @@ def _grouped_allocating(tensors: Sequence[torch.Tensor], allowed: set, what: str
     if device:
         made_on_device: List[Optional[torch.Tensor]] = []
         handle = start(tensors, [cuda_ipc.allocator(t, made_on_device, i) for i, t in enumerate(tensors)], device)
-        return handle_map.add(Pending(handle, lambda _: list(made_on_device), (tensors, made_on_device)))
+        return Pending(handle, lambda _: list(made_on_device), (tensors, made_on_device))
     hosts = [to_host(t) for t in tensors]
     made: List[Optional[torch.Tensor]] = []
     allocators = [torch_allocator(t.dtype, made, i) for i, t in enumerate(tensors)]
     handle = start([numpy_view(h) for h in hosts], allocators, 0)
-    return handle_map.add(Pending(handle, lambda _: [to_device_of(m, t) for m, t in zip(made, tensors)],
-                                 (tensors, hosts, made)))
+    return Pending(handle, lambda _: [to_device_of(m, t) for m, t in zip(made, tensors)], (tensors, hosts, made))
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start an allgather of each tensor of a list, as one unit."""
-    return _grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators, device:
-                               ops.grouped_allgather_async(arrays, _name("grouped_allgather", name, process_set),
-                                                           allocators, process_set, device=device))
+    return handle_map.add(start_grouped_allgather(tensors, name, process_set))
 
 
-def _broadcast_async(tensor, output, root_rank, name, process_set) -> int:
+def start_grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str], process_set: ProcessSet) -> Pending:
+    """Submit an allgather of each tensor of a list, as one unit."""
+    return start_grouped_allocating(tensors, MOVE_DTYPES, "grouped_allgather", lambda arrays, allocators, device:
+                                    ops.grouped_allgather_async(arrays, _name("grouped_allgather", name, process_set),
+                                                                allocators, process_set, device=device))
+
+
+def start_broadcast(tensor: torch.Tensor, output: Optional[torch.Tensor], root_rank: int, name: Optional[str],
+                    process_set: ProcessSet) -> Pending:
+    """Submit a broadcast of ``root_rank``'s ``tensor`` into ``output`` (``tensor`` for the in-place form; None: a
+    new tensor, see :func:`_new_output`)."""
     check_tensor(tensor, MOVE_DTYPES, "broadcast")
+    if output is None and tensor.is_cpu:
+        handle = ops.broadcast_async(numpy_view(tensor), root_rank, None, _name("broadcast", name, process_set),
+                                     process_set)
+        return Pending(handle, _new_output(tensor.dtype), (tensor,))
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     device = cuda_ipc.device_for([tensor, output])
     if device:
         handle = ops.broadcast_async(tensor, root_rank, output, _name("broadcast", name, process_set), process_set,
                                      device=device)
-        return handle_map.add(Pending(handle, lambda _: output, (tensor, output)))
+        return Pending(handle, _returns(output), (tensor, output))
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
-    handle = ops.broadcast_async(numpy_view(host_in), root_rank, numpy_view(host_out), _name("broadcast", name, process_set), process_set)
-
-    def finish(_):
-        if output.device.type != "cpu":
-            output.copy_(host_out)
-        return output
-
-    return handle_map.add(Pending(handle, finish, (tensor, output, host_in, host_out)))
+    array_in = numpy_view(host_in)
+    array_out = array_in if host_out is host_in else numpy_view(host_out)
+    handle = ops.broadcast_async(array_in, root_rank, array_out, _name("broadcast", name, process_set), process_set)
+    if host_out is output:
+        return Pending(handle, _returns(output), (tensor, output))
+    return Pending(handle, _copied_back(host_out, output), (tensor, output, host_in, host_out))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start a broadcast of ``root_rank``'s tensor (a global rank) into a new tensor."""
-    return _broadcast_async(tensor, torch.empty_like(tensor, memory_format=torch.contiguous_format), root_rank,
-                            name, process_set)
+    return handle_map.add(start_broadcast(tensor, None, root_rank, name, process_set))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start an in-place broadcast."""
-    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+    return handle_map.add(start_broadcast(tensor, tensor, root_rank, name, process_set))
 
 
 def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> int:
     """Start an alltoall; ``synchronize`` returns ``(output, received_splits)``, with splits or without (upstream)."""
+    return handle_map.add(start_alltoall(tensor, splits, name, process_set))
+
+
+def start_alltoall(tensor: torch.Tensor, splits, name: Optional[str], process_set: ProcessSet) -> Pending:
+    """Submit an alltoall; its result is ``(output, received_splits)``."""
     check_tensor(tensor, MOVE_DTYPES, "alltoall")
     split_list = None
     if splits is not None:
@@ -236,8 +294,8 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
     if device:
         handle = ops.alltoall_async(tensor, split_list, _name("alltoall", name, process_set),
                                     cuda_ipc.allocator(tensor, made), process_set, device=device)
-        return handle_map.add(Pending(handle, lambda result: (made[0], torch.from_numpy(
-            np.asarray(result[1], np.int32))), (tensor, made)))
+        return Pending(handle, lambda result: (made[0], torch.from_numpy(np.asarray(result[1], np.int32))),
+                       (tensor, made))
     host = to_host(tensor)
     handle = ops.alltoall_async(numpy_view(host), split_list, _name("alltoall", name, process_set), torch_allocator(tensor.dtype, made),
                                 process_set)
@@ -246,7 +304,7 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: Optional[str] = None
         _, received = result
         return to_device_of(made[0], tensor), torch.from_numpy(np.asarray(received, np.int32))
 
-    return handle_map.add(Pending(handle, finish, (tensor, host, made)))
+    return Pending(handle, finish, (tensor, host, made))
 
 
 def _check_reducescatter_op(op: ReduceOp) -> ReduceOp:
@@ -262,6 +320,12 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Re
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start a reducescatter (Sum or Average); ranks < n % size get one extra row."""
+    return handle_map.add(start_reducescatter(tensor, name, op, process_set, prescale_factor, postscale_factor))
+
+
+def start_reducescatter(tensor: torch.Tensor, name: Optional[str], op: ReduceOp, process_set: ProcessSet,
+                        prescale_factor: float, postscale_factor: float) -> Pending:
+    """Submit a reducescatter into a new tensor (this rank's rows)."""
     check_tensor(tensor, REDUCE_DTYPES, "reducescatter")               # as upstream: the tensor first, then the op
     op = _check_reducescatter_op(op)
     made: List[torch.Tensor] = []
@@ -270,21 +334,28 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Re
         handle = ops.reducescatter_async(tensor, _name("reducescatter", name, process_set), op, prescale_factor,
                                          postscale_factor, cuda_ipc.allocator(tensor, made), process_set,
                                          device=device)
-        return handle_map.add(Pending(handle, lambda _: made[0], (tensor, made)))
+        return Pending(handle, lambda _: made[0], (tensor, made))
     host = to_host(tensor)
     handle = ops.reducescatter_async(numpy_view(host), _name("reducescatter", name, process_set), op, prescale_factor, postscale_factor,
                                      torch_allocator(tensor.dtype, made), process_set)
-    return handle_map.add(Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made)))
+    return Pending(handle, lambda _: to_device_of(made[0], tensor), (tensor, host, made))
 
 
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: Optional[str] = None, op: ReduceOp = Average,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start a reducescatter of each tensor of a list, as one unit."""
+    return handle_map.add(start_grouped_reducescatter(tensors, name, op, process_set, prescale_factor,
+                                                      postscale_factor))
+
+
+def start_grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str], op: ReduceOp,
+                                process_set: ProcessSet, prescale_factor: float, postscale_factor: float) -> Pending:
+    """Submit a reducescatter of each tensor of a list, as one unit."""
     def start(arrays, allocators, device):    # runs after the tensors are checked (upstream's order of errors)
         checked = _check_reducescatter_op(op)
         return ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name, process_set), checked,
                                                prescale_factor, postscale_factor, allocators, process_set,
                                                device=device)
 
-    return _grouped_allocating(tensors, REDUCE_DTYPES, "grouped_reducescatter", start)
+    return start_grouped_allocating(tensors, REDUCE_DTYPES, "grouped_reducescatter", start)

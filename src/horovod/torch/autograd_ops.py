@@ -1,7 +1,13 @@
 """``horovod.torch``'s blocking collectives: the in-place forms (``allreduce_``, ``broadcast_`` ...) and the
 differentiable ones, autograd Functions with upstream's gradient rules (allreduce -> allreduce of the gradient;
 allgather -> the gradient averaged, this rank's rows; broadcast -> averaged, zero off the root; alltoall -> back
-with the received splits; reducescatter -> scaled, then allgathered)."""
+with the received splits; reducescatter -> scaled, then allgathered).
+
+A blocking call waits for its collective at once, so it takes the result straight from the submission
+(``Pending.result``) instead of registering an integer handle; a differentiable call whose inputs autograd does
+not record (grad mode off, or no input that requires grad) skips ``Function.apply``, which would return the same
+tensors with no graph: on a 4 KB tensor those two were 20 of a call's 60 us (docs/benchmarks.md).
+"""
 from __future__ import annotations
 
 from typing import List, Optional, Sequence
@@ -14,18 +20,18 @@ from horovod.core.basics import rank
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.async_ops import (
     allgather_async,
-    allreduce_async,
-    allreduce_async_,
-    alltoall_async,
-    broadcast_async,
-    broadcast_async_,
     grouped_allgather_async,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    grouped_reducescatter_async,
+    handle_average_backwards_compatibility,
     process_set_rank,
     process_set_size,
-    reducescatter_async,
+    start_allgather,
+    start_allreduce,
+    start_alltoall,
+    start_broadcast,
+    start_grouped_allgather,
+    start_grouped_allreduce,
+    start_grouped_reducescatter,
+    start_reducescatter,
 )
 from horovod.torch.compression import Compression
 from horovod.torch.handles import synchronize
@@ -33,13 +39,27 @@ from horovod.torch.handles import synchronize
 __all__ = ["allreduce", "allreduce_", "grouped_allreduce", "grouped_allreduce_", "allgather", "grouped_allgather",
            "broadcast", "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter"]
 
+
+def _graphed(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether autograd records a call on ``tensors``: grad mode is on and one of them requires grad (what is not
+    a tensor goes on to the call's own check, which names it)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
 def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
                op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Allreduce ``tensor`` in place (Average by default) and return it."""
+    op = handle_average_backwards_compatibility(op, average)
     with ops.blocking():
-        return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                            process_set))
+        return start_allreduce(tensor, tensor, name, op, prescale_factor, postscale_factor, process_set).result()
+
+
+def _allreduce_now(tensor, average, name, op, prescale_factor, postscale_factor, process_set) -> torch.Tensor:
+    """A blocking allreduce of ``tensor`` into a new tensor (``hvd.allreduce``'s forward)."""
+    op = handle_average_backwards_compatibility(op, average)
+    with ops.blocking():
+        return start_allreduce(tensor, None, name, op, prescale_factor, postscale_factor, process_set).result()
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -49,9 +69,7 @@ class HorovodAllreduce(torch.autograd.Function):
     def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
         ctx.average, ctx.op = average, op
         ctx.prescale_factor, ctx.postscale_factor, ctx.process_set = prescale_factor, postscale_factor, process_set
-        with ops.blocking():
-            return synchronize(allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor,
-                                               process_set))
+        return _allreduce_now(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -69,7 +87,8 @@ def allreduce(tensor: torch.Tensor, average: Optional[bool] = None, name: Option
     ``compression`` (e.g. ``Compression.fp16``) shrinks what goes on the wire; the result has the input dtype.
     """
     compressed, ctx = compression.compress(tensor)
-    summed = HorovodAllreduce.apply(compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    args = (compressed, average, name, op, prescale_factor, postscale_factor, process_set)
+    summed = HorovodAllreduce.apply(*args) if _graphed((compressed,)) else _allreduce_now(*args)
     return compression.decompress(summed, ctx)
 
 
@@ -77,8 +96,16 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allreduce a list of tensors in place, as one unit."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                process_set))
+    op = handle_average_backwards_compatibility(op, average)
+    return start_grouped_allreduce(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                   process_set).result()
+
+
+def _grouped_allreduce_now(average, name, op, prescale_factor, postscale_factor, process_set,
+                           *tensors) -> List[torch.Tensor]:
+    """A grouped allreduce of ``tensors`` into new tensors (``hvd.grouped_allreduce``'s forward)."""
+    op = handle_average_backwards_compatibility(op, average)
+    return start_grouped_allreduce(tensors, None, name, op, prescale_factor, postscale_factor, process_set).result()
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -87,8 +114,8 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):
         ctx.args = (average, op, prescale_factor, postscale_factor, process_set)
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), average, name, op, prescale_factor,
-                                                         postscale_factor, process_set)))
+        return tuple(_grouped_allreduce_now(average, name, op, prescale_factor, postscale_factor, process_set,
+                                            *tensors))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -104,9 +131,16 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: Optional[bool] =
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allreduce a list of tensors as one unit into new tensors; differentiable."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor, postscale_factor, process_set,
-                                         *[c[0] for c in compressed])
+    inputs = [c[0] for c in compressed]
+    args = (average, name, op, prescale_factor, postscale_factor, process_set, *inputs)
+    outs = HorovodGroupedAllreduce.apply(*args) if _graphed(inputs) else _grouped_allreduce_now(*args)
     return [compression.decompress(o, c[1]) for o, c in zip(outs, compressed)]
+
+
+def _allgather_now(tensor, name, process_set) -> torch.Tensor:
+    """A blocking allgather of ``tensor`` (``hvd.allgather``'s forward)."""
+    with ops.blocking():
+        return start_allgather(tensor, name, process_set).result()
 
 
 class HorovodAllgather(torch.autograd.Function):
@@ -116,8 +150,7 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
-        with ops.blocking():
-            return synchronize(allgather_async(tensor, name, process_set))
+        return _allgather_now(tensor, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -130,7 +163,9 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0; differentiable."""
-    return HorovodAllgather.apply(tensor, name, process_set)
+    if _graphed((tensor,)):
+        return HorovodAllgather.apply(tensor, name, process_set)
+    return _allgather_now(tensor, name, process_set)
 
 
 class HorovodGroupedAllgather(torch.autograd.Function):
@@ -140,7 +175,7 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.dims = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(start_grouped_allgather(list(tensors), name, process_set).result())
 
     @staticmethod
     def backward(ctx, *grads):
@@ -155,14 +190,22 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allgather each tensor of a list, as one unit; differentiable (each gradient as allgather's)."""
-    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+    if _graphed(tensors):
+        return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+    return start_grouped_allgather(list(tensors), name, process_set).result()
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s values and return it."""
     with ops.blocking():
-        return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+        return start_broadcast(tensor, tensor, root_rank, name, process_set).result()
+
+
+def _broadcast_now(tensor, root_rank, name, process_set) -> torch.Tensor:
+    """A blocking broadcast of ``root_rank``'s ``tensor`` into a new tensor (``hvd.broadcast``'s forward)."""
+    with ops.blocking():
+        return start_broadcast(tensor, None, root_rank, name, process_set).result()
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -171,8 +214,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        with ops.blocking():
-            return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _broadcast_now(tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -185,7 +227,9 @@ class HorovodBroadcast(torch.autograd.Function):
 def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return ``root_rank``'s ``tensor`` on every rank; differentiable."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    if _graphed((tensor,)):
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    return _broadcast_now(tensor, root_rank, name, process_set)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -194,14 +238,14 @@ class HorovodAlltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        out, received = start_alltoall(tensor, splits, name, process_set).result()
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
 
     @staticmethod
     def backward(ctx, grad_output, _grad_received):
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received, process_set=ctx.process_set))
+        grad, _ = start_alltoall(grad_output.contiguous(), ctx.received, None, ctx.process_set).result()
         return grad, None, None, None
 
 
@@ -211,7 +255,10 @@ def alltoall(tensor: torch.Tensor, splits=None, name: Optional[str] = None,
 
     Returns the output when ``splits`` is None (dim 0 split equally), else ``(output, received_splits)``.
     """
-    out, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
+    if _graphed((tensor,)):
+        out, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
+    else:
+        out, received = start_alltoall(tensor, splits, name, process_set).result()
     return out if splits is None else (out, received)
 
 
@@ -231,6 +278,12 @@ def _reducescatter_grad_scale(op: ReduceOp, process_set: ProcessSet, prescale_fa
     return grad
 
 
+def _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor) -> torch.Tensor:
+    """A blocking reducescatter of ``tensor`` (``hvd.reducescatter``'s forward)."""
+    with ops.blocking():
+        return start_reducescatter(tensor, name, op, process_set, prescale_factor, postscale_factor).result()
+
+
 class HorovodReducescatter(torch.autograd.Function):
     """Differentiable reducescatter with upstream's backward: the gradient scaled (see
     ``_reducescatter_grad_scale``), then allgathered."""
@@ -239,9 +292,7 @@ class HorovodReducescatter(torch.autograd.Function):
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        with ops.blocking():
-            return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                                   postscale_factor))
+        return _reducescatter_now(tensor, name, op, process_set, prescale_factor, postscale_factor)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -255,7 +306,8 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression=
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduce across ranks and return this rank's block of dim 0; differentiable."""
     compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    args = (compressed, name, op, process_set, prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(*args) if _graphed((compressed,)) else _reducescatter_now(*args)
     return compression.decompress(out, ctx)
 
 
@@ -266,8 +318,8 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
         ctx.op, ctx.process_set = op, process_set
         ctx.prescale_factor, ctx.postscale_factor = prescale_factor, postscale_factor
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale_factor,
-                                                             postscale_factor)))
+        return tuple(start_grouped_reducescatter(list(tensors), name, op, process_set, prescale_factor,
+                                                 postscale_factor).result())
 
     @staticmethod
     def backward(ctx, *grads):
@@ -282,6 +334,9 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: Optional[str] =
                           postscale_factor: float = 1.0) -> List[torch.Tensor]:
     """Reducescatter each tensor of a list, as one unit; differentiable."""
     compressed = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor,
-                                             *[c[0] for c in compressed])
+    inputs = [c[0] for c in compressed]
+    if _graphed(inputs):
+        outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor, postscale_factor, *inputs)
+    else:
+        outs = start_grouped_reducescatter(inputs, name, op, process_set, prescale_factor, postscale_factor).result()
     return [compression.decompress(o, c[1]) for o, c in zip(outs, compressed)]

@@ -1,0 +1,83 @@
+"""horovod.torch side of the binding-overhead benchmark; run under horovodrun.
+
+    python -m benchmarks.workers.torch_overhead OUT.json SIZES [SCALE]
+
+For every size in SIZES (bytes of one float32 tensor, comma-separated) it times each blocking collective per call
+three ways on the same buffers: through the op layer on numpy arrays (``horovod.core.ops``, as
+``python -m horovod.bench`` calls it: what every binding builds on), through ``horovod.torch``'s in-place or
+differentiable call on a torch tensor (``hvd.allreduce``, ``hvd.allreduce_``, ``hvd.broadcast_``, ``hvd.allgather``,
+``hvd.reducescatter`` ...), and as ``*_async`` plus ``hvd.synchronize``. Every call of one row uses the same name,
+as a training loop does. ``SCALE`` multiplies the iteration counts of ``benchmarks.workers.timing.iterations``.
+Rank 0 prints a line per row and writes the seconds per call as JSON.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Dict
+
+import numpy as np
+import torch
+
+import horovod.torch as hvd
+from benchmarks.workers.timing import iterations, measure, write
+from horovod.core import ops
+
+# Each row: (op-layer call, torch calls by label), on float32 buffers of the size.
+ROWS = ["allreduce", "allreduce_", "allreduce_async_", "broadcast", "broadcast_", "allgather", "reducescatter"]
+
+
+def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
+    """Per row, the op layer's call and the torch binding's on buffers of ``nbytes`` (float32)."""
+    count = max(size, nbytes // 4 // size * size)
+    x, y = np.ones(count, np.float32), np.empty(count, np.float32)
+    t = torch.ones(count)
+    part = torch.ones(count // size)
+    piece = np.ones(count // size, np.float32)
+    s, avg = hvd.Sum, hvd.Average
+
+    def layer(start: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with ops.blocking():
+                return start().wait()
+        return run
+
+    return {
+        "allreduce": {"ops": layer(lambda: ops.allreduce_async(x, y, name="o.ar", op=avg)),
+                      "torch": lambda: hvd.allreduce(t, name="t.ar")},
+        "allreduce_": {"ops": layer(lambda: ops.allreduce_async(x, x, name="o.ar_", op=s)),
+                       "torch": lambda: hvd.allreduce_(t, name="t.ar_", op=s)},
+        "allreduce_async_": {"ops": layer(lambda: ops.allreduce_async(x, x, name="o.ara_", op=s)),
+                             "torch": lambda: hvd.synchronize(hvd.allreduce_async_(t, name="t.ara_", op=s))},
+        "broadcast": {"ops": layer(lambda: ops.broadcast_async(x, 0, y, name="o.bc")),
+                      "torch": lambda: hvd.broadcast(t, 0, name="t.bc")},
+        "broadcast_": {"ops": layer(lambda: ops.broadcast_async(x, 0, x, name="o.bc_")),
+                       "torch": lambda: hvd.broadcast_(t, 0, name="t.bc_")},
+        "allgather": {"ops": layer(lambda: ops.allgather_async(piece, name="o.ag")),
+                      "torch": lambda: hvd.allgather(part, name="t.ag")},
+        "reducescatter": {"ops": layer(lambda: ops.reducescatter_async(x, name="o.rs", op=s)),
+                          "torch": lambda: hvd.reducescatter(t, name="t.rs", op=s)},
+    }
+
+
+def main(out: str, sizes, scale: float) -> None:
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    results: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for nbytes in sizes:
+        n = max(10, int(iterations(nbytes) * scale))
+        for row, pair in calls(nbytes, size).items():
+            for label, run in pair.items():
+                t = measure(run, hvd.barrier, n)
+                results.setdefault(str(nbytes), {}).setdefault(row, {})[label] = t
+            if rank == 0:
+                got = results[str(nbytes)][row]
+                print(f"{nbytes:>9d} B {row:<17} ops {got['ops'] * 1e6:8.1f} us  torch {got['torch'] * 1e6:8.1f} us",
+                      flush=True)
+    if rank == 0:
+        write(out, {"size": size, "results": results})
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
