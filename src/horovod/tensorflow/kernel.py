@@ -23,6 +23,7 @@ import ctypes
 import glob
 import itertools
 import logging
+import math
 import os
 import threading
 import weakref
@@ -199,13 +200,26 @@ class Lease:
 
 
 class EagerOutputs:
-    """The same interface outside a kernel: fresh 64-byte-aligned arrays."""
+    """The same interface outside a kernel: fresh arrays, 64-byte-aligned from ``ALIGNED_FROM`` bytes (where a
+    result becomes a tensor through DLPack without a copy; below, it is copied, and aligning a small array cost
+    more than the rest of a 4 KB eager allreduce's Python: 5.5 µs for ``ctypes.data`` and the slicing)."""
 
     def empty(self, index: int, shape, dtype) -> np.ndarray:
-        return _aligned_empty(tuple(int(d) for d in shape), dtype)
+        return _eager_empty(tuple(int(d) for d in shape), dtype)
 
     def allocator(self, index: int) -> Callable[[tuple, np.dtype], np.ndarray]:
-        return _aligned_empty
+        return _eager_empty
+
+
+ALIGNED_FROM = 1 << 16      # graph_call's DLPack threshold: smaller results are copied into their tensors
+
+
+def _eager_empty(shape, dtype) -> np.ndarray:
+    """An eager result's array: aligned (:func:`_aligned_empty`) where DLPack may take it, else ``np.empty``."""
+    dtype = np.dtype(dtype)
+    if math.prod(shape) * dtype.itemsize < ALIGNED_FROM:
+        return np.empty(shape, dtype)
+    return _aligned_empty(shape, dtype)
 
 
 ALIGN = 64   # TF's EIGEN_MAX_ALIGN_BYTES: tensors wrapping foreign memory must be this aligned
