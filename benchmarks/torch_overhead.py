@@ -22,13 +22,15 @@ from benchmarks.tensorflow_overhead import _size, overhead_main  # noqa: E402
 
 
 def report(res: dict) -> List[str]:
-    """One markdown table: per size and call, the op layer's time, the torch call's, and the difference."""
+    """One markdown table: per size and call, the op layer's time, the binding's (``res["binding"]``), and the
+    difference."""
+    binding = res["binding"]
     lines = [f"{res['size']} ranks; latency per call in µs", "",
-             "| tensor | call | op layer | horovod.torch | torch − op layer |", "|---|---|---|---|---|"]
+             f"| tensor | call | op layer | {binding} | {binding} − op layer |", "|---|---|---|---|---|"]
     for nbytes, rows in res["results"].items():
         for call, got in rows.items():
-            ours, torch_s = got["ops"] * 1e6, got["torch"] * 1e6
-            lines.append(f"| {_size(int(nbytes))} | {call} | {ours:.1f} | {torch_s:.1f} | {torch_s - ours:.1f} |")
+            ours, theirs = got["ops"] * 1e6, got["binding"] * 1e6
+            lines.append(f"| {_size(int(nbytes))} | {call} | {ours:.1f} | {theirs:.1f} | {theirs - ours:.1f} |")
     return lines
 
 

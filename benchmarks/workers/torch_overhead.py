@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import horovod.torch as hvd
-from benchmarks.workers.timing import iterations, measure, write
+from benchmarks.workers.overhead_rows import layer, time_rows
 from horovod.core import ops
 
 # Each row: (op-layer call, torch calls by label), on float32 buffers of the size.
@@ -35,47 +35,29 @@ def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
     piece = np.ones(count // size, np.float32)
     s, avg = hvd.Sum, hvd.Average
 
-    def layer(start: Callable[[], object]) -> Callable[[], object]:
-        def run() -> object:
-            with ops.blocking():
-                return start().wait()
-        return run
 
     return {
         "allreduce": {"ops": layer(lambda: ops.allreduce_async(x, y, name="o.ar", op=avg)),
-                      "torch": lambda: hvd.allreduce(t, name="t.ar")},
+                      "binding": lambda: hvd.allreduce(t, name="t.ar")},
         "allreduce_": {"ops": layer(lambda: ops.allreduce_async(x, x, name="o.ar_", op=s)),
-                       "torch": lambda: hvd.allreduce_(t, name="t.ar_", op=s)},
+                       "binding": lambda: hvd.allreduce_(t, name="t.ar_", op=s)},
         "allreduce_async_": {"ops": layer(lambda: ops.allreduce_async(x, x, name="o.ara_", op=s)),
-                             "torch": lambda: hvd.synchronize(hvd.allreduce_async_(t, name="t.ara_", op=s))},
+                             "binding": lambda: hvd.synchronize(hvd.allreduce_async_(t, name="t.ara_", op=s))},
         "broadcast": {"ops": layer(lambda: ops.broadcast_async(x, 0, y, name="o.bc")),
-                      "torch": lambda: hvd.broadcast(t, 0, name="t.bc")},
+                      "binding": lambda: hvd.broadcast(t, 0, name="t.bc")},
         "broadcast_": {"ops": layer(lambda: ops.broadcast_async(x, 0, x, name="o.bc_")),
-                       "torch": lambda: hvd.broadcast_(t, 0, name="t.bc_")},
+                       "binding": lambda: hvd.broadcast_(t, 0, name="t.bc_")},
         "allgather": {"ops": layer(lambda: ops.allgather_async(piece, name="o.ag")),
-                      "torch": lambda: hvd.allgather(part, name="t.ag")},
+                      "binding": lambda: hvd.allgather(part, name="t.ag")},
         "reducescatter": {"ops": layer(lambda: ops.reducescatter_async(x, name="o.rs", op=s)),
-                          "torch": lambda: hvd.reducescatter(t, name="t.rs", op=s)},
+                          "binding": lambda: hvd.reducescatter(t, name="t.rs", op=s)},
     }
 
 
 def main(out: str, sizes, scale: float) -> None:
     torch.set_num_threads(1)
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    results: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for nbytes in sizes:
-        n = max(10, int(iterations(nbytes) * scale))
-        for row, pair in calls(nbytes, size).items():
-            for label, run in pair.items():
-                t = measure(run, hvd.barrier, n)
-                results.setdefault(str(nbytes), {}).setdefault(row, {})[label] = t
-            if rank == 0:
-                got = results[str(nbytes)][row]
-                print(f"{nbytes:>9d} B {row:<17} ops {got['ops'] * 1e6:8.1f} us  torch {got['torch'] * 1e6:8.1f} us",
-                      flush=True)
-    if rank == 0:
-        write(out, {"size": size, "results": results})
+    time_rows(calls, sizes, scale, "horovod.torch", out, hvd.rank(), hvd.size(), hvd.barrier)
     hvd.shutdown()
 
 

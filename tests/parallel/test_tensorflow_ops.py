@@ -12,6 +12,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(2)
 
 import horovod.tensorflow as hvd  # noqa: E402
+from tests.support.blocking import count_blocking  # noqa: E402
 
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 REDUCE_DTYPES = FLOATS + [tf.int32, tf.int64]
@@ -448,17 +449,7 @@ def test_join_with_uneven_work(mode):
 def test_blocking_calls_say_they_wait_at_once(mode, monkeypatch):
     """allreduce, broadcast, allgather and reducescatter submit and wait at once, and say so (ops.blocking()), so
     that fast rounds (one host) and carried collectives (across hosts) may take them, as the other bindings'."""
-    from horovod.core import basics
-
-    engine = basics.engine_for(None)
-    blocking = []
-    submit = engine.submit_blocking
-
-    def counted(entry):
-        blocking.append(entry.name)
-        submit(entry)
-
-    monkeypatch.setattr(engine, "submit_blocking", counted)
+    blocking = count_blocking(monkeypatch)
     rank, size = hvd.rank(), hvd.size()
     x = tf.fill([size * 2], float(rank + 1))
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from horovod.core.engine.output_pool import OutputPool
-from horovod.jax.arrays import check_array, is_traced, to_jax, to_numpy, tracing
+from horovod.jax.arrays import COPY_BELOW, check_array, is_traced, to_jax, to_numpy, tracing
 from horovod.jax.host_calls import call_on_host
 
 
@@ -30,6 +30,18 @@ def test_to_jax_shares_writable_numeric_memory_and_copies_the_rest():
     frozen = np.ones(2, np.int32)
     frozen.flags.writeable = False
     assert to_jax(frozen).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.bool_, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("count", [1, 1024, COPY_BELOW // 8 - 1])
+def test_to_jax_copies_small_results(dtype, count):
+    """Below COPY_BELOW a copy is cheaper than DLPack's import: the JAX array has its own memory, the values and
+    the dtype device_put gives."""
+    out = (np.arange(count) % 5).astype(dtype)
+    got = to_jax(out)
+    assert got.dtype == jax.device_put(out).dtype and got.shape == (count,)
+    assert got.unsafe_buffer_pointer() != out.ctypes.data
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float64), out.astype(np.float64))
 
 
 def test_check_array_accepts_numpy_and_scalars_and_names_the_fix_otherwise():

@@ -1,7 +1,8 @@
 """How ``horovod.jax`` hands JAX arrays to the op layer and back.
 
 A ``jax.Array`` on the CPU is read through ``np.asarray``, a read-only view of its buffer (no copy): the op layer
-only reads its inputs. Results come back as new arrays through ``jnp.asarray``. Inside ``jax.jit`` (or any other
+only reads its inputs. Results come back as JAX arrays on the result's memory (DLPack) or, below ``COPY_BELOW``,
+as copies (:func:`to_jax`). Inside ``jax.jit`` (or any other
 JAX trace) the arrays are tracers; the collectives then run as ordered host callbacks (``host_calls``).
 """
 from __future__ import annotations
@@ -45,15 +46,22 @@ def to_numpy(value: Any) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
+# Below this a result is copied into a new JAX array: ``jnp.asarray`` costs less than DLPack's import there
+# (4 KB: 23 against 38 µs, 64 KB: 29 against 43; from 512 KB DLPack wins, 1 MB: 79 against 138).
+COPY_BELOW = 256 << 10
+
+
 def to_jax(array: np.ndarray) -> jax.Array:
-    """``array`` as a JAX array, sharing its memory through DLPack where it can (the op layer's new outputs;
-    a pooled one is not reused while the JAX array holds it), else copied (bfloat16, read-only arrays)."""
-    if array.flags.writeable and array.dtype.kind in "biuf" and array.dtype.isnative:
+    """``array`` as a JAX array: from ``COPY_BELOW`` bytes sharing its memory through DLPack where it can (the op
+    layer's new outputs; a pooled one is not reused while the JAX array holds it), else copied (small arrays,
+    bfloat16, read-only arrays)."""
+    if (array.nbytes >= COPY_BELOW and array.flags.writeable and array.dtype.kind in "biuf"
+            and array.dtype.isnative):
         try:
             return jax.dlpack.from_dlpack(array)
         except (BufferError, TypeError, ValueError, RuntimeError):
             pass
-    return jax.device_put(array)
+    return jnp.asarray(array)       # the same dtype as device_put, in half its time at 4 KB
 
 
 def shapes_of(values: Sequence[Any]) -> list:

@@ -1,6 +1,8 @@
 """The collectives as host functions on numpy arrays, for ``host_calls.call_on_host``.
 
-Each builder binds a collective's options and returns ``fn(*arrays) -> list of numpy arrays``. Names are made when
+Each builder binds a collective's options and returns ``fn(*arrays) -> list of numpy arrays``. A single
+allreduce, allgather, broadcast or reducescatter waits for its op at once, and says so (``ops.blocking``): on one
+host it may then take a fast round, across hosts the carried path, as the other bindings' blocking calls do. Names are made when
 the function runs, not when a program is traced: unnamed collectives are numbered in the order they run, which
 is the same on every rank (eager calls in program order, jitted ones as ordered callbacks), whatever each rank
 traced or cached. Gradient rules (as ``horovod.torch.autograd_ops``) are host functions here too.
@@ -44,7 +46,8 @@ def allgather(name: Optional[str], process_set: ProcessSet, grouped: bool, equal
         full = _name(op_name, name, process_set)
         if not equal_first_dims:
             if not grouped:
-                return [ops.allgather_async(arrays[0], full, process_set=process_set).wait()]
+                with ops.blocking():
+                    return [ops.allgather_async(arrays[0], full, process_set=process_set).wait()]
             return list(ops.grouped_allgather_async(arrays, full, process_set=process_set).wait())
         dims = np.array([[a.shape[0] if a.ndim else 0 for a in arrays]], np.int64)
         *gathered, all_dims = ops.grouped_allgather_async([*arrays, dims], full, process_set=process_set).wait()
@@ -60,8 +63,9 @@ def allgather(name: Optional[str], process_set: ProcessSet, grouped: bool, equal
 def broadcast(root_rank: int, name: Optional[str], process_set: ProcessSet) -> HostFn:
     """Broadcast one array from ``root_rank``."""
     def run(array: np.ndarray) -> List[np.ndarray]:
-        return [ops.broadcast_async(array, root_rank, None, _name("broadcast", name, process_set),
-                                    process_set).wait()]
+        with ops.blocking():
+            return [ops.broadcast_async(array, root_rank, None, _name("broadcast", name, process_set),
+                                        process_set).wait()]
     return run
 
 
@@ -88,8 +92,9 @@ def reducescatter(name: Optional[str], op: ReduceOp, prescale_factor: float, pos
     """Reducescatter one array or, as one unit, each of a list."""
     def run(*arrays: np.ndarray) -> List[np.ndarray]:
         if not grouped:
-            return [ops.reducescatter_async(arrays[0], _name("reducescatter", name, process_set), op,
-                                            prescale_factor, postscale_factor, process_set=process_set).wait()]
+            with ops.blocking():
+                return [ops.reducescatter_async(arrays[0], _name("reducescatter", name, process_set), op,
+                                                prescale_factor, postscale_factor, process_set=process_set).wait()]
         return list(ops.grouped_reducescatter_async(arrays, _name("grouped_reducescatter", name, process_set), op,
                                                     prescale_factor, postscale_factor,
                                                     process_set=process_set).wait())
