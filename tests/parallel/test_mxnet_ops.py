@@ -10,6 +10,7 @@ import pytest
 
 import horovod.mxnet as hvd
 from horovod.mxnet import tensors
+from tests.support.blocking import count_blocking
 
 REDUCE_DTYPES = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
 MOVE_DTYPES = REDUCE_DTYPES + ["bool"]
@@ -258,3 +259,26 @@ def test_join_with_uneven_work_returns_the_last_rank_and_joined_ranks_add_zeros(
         out = hvd.allreduce(mx.nd.ones((3,)), op=hvd.Sum, name=f"join.step.{step}")
         np.testing.assert_array_equal(out.asnumpy(), [size - step] * 3)     # ranks below `step` have joined
     assert hvd.join() == size - 1
+
+
+def test_blocking_calls_say_they_wait_at_once(monkeypatch):
+    """allreduce, allreduce_, broadcast, broadcast_, allgather and reducescatter submit and wait at once and say
+    so (ops.blocking()), so that fast rounds (one host) and carried collectives (across hosts) may take them."""
+    blocking = count_blocking(monkeypatch)
+    rank, size = hvd.rank(), hvd.size()
+    x = mx.nd.full((size * 2,), float(rank + 1))
+    summed = hvd.allreduce(x, op=hvd.Sum, name="bl.ar")
+    in_place = hvd.allreduce_(x.copy(), op=hvd.Sum, name="bl.ar_")
+    sent = hvd.broadcast(x, 0, name="bl.bc")
+    sent_in_place = hvd.broadcast_(x.copy(), 0, name="bl.bc_")
+    gathered = hvd.allgather(x, name="bl.ag")
+    scattered = hvd.reducescatter(x, op=hvd.Sum, name="bl.rs")
+    assert sorted(blocking) == sorted(["allreduce.bl.ar", "allreduce.bl.ar_", "broadcast.bl.bc", "broadcast.bl.bc_",
+                                       "allgather.bl.ag", "reducescatter.bl.rs"]), blocking
+    total = size * (size + 1) / 2
+    np.testing.assert_array_equal(summed.asnumpy(), np.full(size * 2, total))
+    np.testing.assert_array_equal(in_place.asnumpy(), np.full(size * 2, total))
+    np.testing.assert_array_equal(sent.asnumpy(), np.ones(size * 2))
+    np.testing.assert_array_equal(sent_in_place.asnumpy(), np.ones(size * 2))
+    np.testing.assert_array_equal(gathered.asnumpy(), np.repeat(np.arange(1, size + 1, dtype=np.float32), size * 2))
+    np.testing.assert_array_equal(scattered.asnumpy(), np.full(2, total))

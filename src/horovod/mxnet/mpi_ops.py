@@ -122,8 +122,9 @@ def allgather(tensor: mx.nd.NDArray, name: Optional[str] = None, priority: int =
     with mxnet_errors():
         _t.check_ndarray(tensor, _t.MOVE_DTYPES, "allgather")
         made: List[Optional[mx.nd.NDArray]] = []
-        ops.allgather_async(_t.numpy_view(_t.readable(tensor)), _name("allgather", name, process_set),
-                            _t.ndarray_allocator(tensor.dtype, made), process_set=process_set).wait()
+        with ops.blocking():
+            ops.allgather_async(_t.numpy_view(_t.readable(tensor)), _name("allgather", name, process_set),
+                                _t.ndarray_allocator(tensor.dtype, made), process_set=process_set).wait()
     return _t.like(made[0], tensor)
 
 
@@ -134,8 +135,9 @@ def broadcast(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None,
     with mxnet_errors():
         _t.check_ndarray(tensor, _t.MOVE_DTYPES, "broadcast")
         out = _t.empty_like(tensor)
-        ops.broadcast_async(_t.numpy_view(_t.readable(tensor)), root_rank, _t.numpy_view(out),
-                            _name("broadcast", name, process_set), process_set).wait()
+        with ops.blocking():
+            ops.broadcast_async(_t.numpy_view(_t.readable(tensor)), root_rank, _t.numpy_view(out),
+                                _name("broadcast", name, process_set), process_set).wait()
     return _t.like(out, tensor)
 
 
@@ -146,7 +148,8 @@ def broadcast_(tensor: mx.nd.NDArray, root_rank: int, name: Optional[str] = None
         _t.check_ndarray(tensor, _t.MOVE_DTYPES, "broadcast_")
         host = _t.writable(tensor)
         view = _t.numpy_view(host)
-        ops.broadcast_async(view, root_rank, view, _name("broadcast", name, process_set), process_set).wait()
+        with ops.blocking():
+            ops.broadcast_async(view, root_rank, view, _name("broadcast", name, process_set), process_set).wait()
     return _t.write_back(host, tensor)
 
 
@@ -197,9 +200,10 @@ def reducescatter(tensor: mx.nd.NDArray, op: ReduceOp = Average, name: Optional[
     with mxnet_errors():
         _t.check_ndarray(tensor, _t.REDUCE_DTYPES, "reducescatter")
         made: List[Optional[mx.nd.NDArray]] = []
-        ops.reducescatter_async(_t.numpy_view(_t.readable(tensor)), _name("reducescatter", name, process_set), op,
-                                prescale_factor, postscale_factor, _t.ndarray_allocator(tensor.dtype, made),
-                                process_set=process_set).wait()
+        with ops.blocking():
+            ops.reducescatter_async(_t.numpy_view(_t.readable(tensor)), _name("reducescatter", name, process_set),
+                                    op, prescale_factor, postscale_factor, _t.ndarray_allocator(tensor.dtype, made),
+                                    process_set=process_set).wait()
     return _t.like(made[0], tensor)
 
 

@@ -1,0 +1,29 @@
+"""What ``horovod.mxnet`` adds to a blocking collective: per-call time through the MXNet binding against the op
+layer it builds on, N ranks. Run it with MXNet's venv (``.venv-mxnet/bin/python``, see docs/mxnet.md).
+
+Runs ``benchmarks/workers/mxnet_overhead.py`` under this project's ``horovodrun`` and prints, per size (4 KB and
+64 KB by default) and call (``hvd.allreduce``, ``allreduce_``, ``broadcast``, ``broadcast_``, ``allgather``,
+``reducescatter`` on an NDArray, each waited to read), the time of the same collective on numpy arrays through
+``horovod.core.ops`` (as ``python -m horovod.bench`` times it), through the MXNet call, and the difference. Each
+figure is the median of 3 repetitions of the mean over n calls (``benchmarks/workers/timing.py::measure``).
+
+    .venv-mxnet/bin/python benchmarks/mxnet_overhead.py [--np 2] [--sizes 4096,65536] [--scale 0.5] [--json out.json]
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.tensorflow_overhead import overhead_main  # noqa: E402
+from benchmarks.torch_overhead import report  # noqa: E402
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return overhead_main(argv, __doc__, "benchmarks.workers.mxnet_overhead", "4096,65536", 0.5, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
