@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import horovod.numpy as hvd
+from tests.support.blocking import count_blocking
 from tests.support.ranks import ALL_DTYPES, dtype_id
 
 
@@ -105,3 +106,15 @@ def test_allgather_object():
     fns = hvd.allgather_object(lambda x, k=rank: x * 10 + k)
     assert [f(1) for f in fns] == [10 + r for r in range(size)]
     assert hvd.allgather_object(rank % 2 == 0, name="flags") == [r % 2 == 0 for r in range(size)]
+
+
+def test_object_helpers_wait_at_once(monkeypatch):
+    """broadcast_object and allgather_object are two blocking collectives each (the size, then the bytes), and
+    say so: a fast round (one host) or the carried path (across hosts) may take them."""
+    blocking = count_blocking(monkeypatch)
+    rank, size = hvd.rank(), hvd.size()
+    assert hvd.broadcast_object({"step": 7, "from": rank}, root_rank=size - 1, name="bl") == {"step": 7,
+                                                                                             "from": size - 1}
+    assert hvd.allgather_object(("rank", rank), name="bl") == [("rank", r) for r in range(size)]
+    assert blocking == ["broadcast_object.bl.sz", "broadcast_object.bl.t",
+                        "allgather_object.bl.sz", "allgather_object.bl.t"], blocking

@@ -370,7 +370,8 @@ def join_async(process_set: Optional[ProcessSet] = None) -> Handle:
 # ------------------------------------------------------------------ objects
 def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None,
                      process_set: Optional[ProcessSet] = None):
-    """Send a picklable object from ``root_rank`` to every rank (cloudpickle between authenticated peers)."""
+    """Send a picklable object from ``root_rank`` to every rank (cloudpickle between authenticated peers): two
+    blocking broadcasts, its size and its bytes, each a fast round where one applies."""
     name = name or type(obj).__name__
     if basics.rank() == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
@@ -378,11 +379,14 @@ def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None,
     else:
         payload = None
         size = np.zeros(1, np.int64)
-    broadcast_async(size, root_rank, output=size, name=f"broadcast_object.{name}.sz", process_set=process_set).wait()
+    with blocking():
+        broadcast_async(size, root_rank, output=size, name=f"broadcast_object.{name}.sz",
+                        process_set=process_set).wait()
     if payload is None:
         payload = np.empty(int(size[0]), np.uint8)
-    result = broadcast_async(payload, root_rank, output=payload if basics.rank() != root_rank else None,
-                             name=f"broadcast_object.{name}.t", process_set=process_set).wait()
+    with blocking():
+        result = broadcast_async(payload, root_rank, output=payload if basics.rank() != root_rank else None,
+                                 name=f"broadcast_object.{name}.t", process_set=process_set).wait()
     if basics.rank() == root_rank:
         return obj
     return cloudpickle.loads(result.tobytes())
@@ -392,9 +396,11 @@ def allgather_object(obj, name: Optional[str] = None, process_set: Optional[Proc
     """Gather one picklable object from every rank, as a list indexed by rank."""
     name = name or type(obj).__name__
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
-    sizes = allgather_async(np.array([payload.size], np.int64), name=f"allgather_object.{name}.sz",
-                            process_set=process_set).wait()
-    data = allgather_async(payload, name=f"allgather_object.{name}.t", process_set=process_set).wait()
+    with blocking():
+        sizes = allgather_async(np.array([payload.size], np.int64), name=f"allgather_object.{name}.sz",
+                                process_set=process_set).wait()
+    with blocking():        # (a fast round needs every rank's payload of one size: otherwise the coordinator)
+        data = allgather_async(payload, name=f"allgather_object.{name}.t", process_set=process_set).wait()
     out, offset = [], 0
     for n in sizes.tolist():
         out.append(cloudpickle.loads(data[offset:offset + n].tobytes()))

@@ -24,7 +24,8 @@ def verdict_on_host(vector: np.ndarray, labels: Sequence[str], name: str, proces
         return handle.wait()
 
     def allgather(flags: np.ndarray) -> np.ndarray:
-        return ops.allgather_async(flags, f"{name}.gradients_present.ranks", process_set=process_set).wait()
+        with ops.blocking():
+            return ops.allgather_async(flags, f"{name}.gradients_present.ranks", process_set=process_set).wait()
 
     return presence.none_gradient_verdict(vector, labels, ops.set_ranks(process_set), allreduce_sum, allgather, who,
                                           remedy)

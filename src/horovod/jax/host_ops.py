@@ -127,7 +127,8 @@ def allgather_grad(process_set: ProcessSet) -> HostFn:
     def run(*cotangents: np.ndarray) -> List[np.ndarray]:
         *cts, dims = cotangents
         reduced = ops.grouped_allreduce_async(cts, None, None, Average, 1.0, 1.0, process_set).wait()
-        all_dims = ops.allgather_async(dims.reshape(1, -1).astype(np.int64), process_set=process_set).wait()
+        with ops.blocking():
+            all_dims = ops.allgather_async(dims.reshape(1, -1).astype(np.int64), process_set=process_set).wait()
         offsets = all_dims[: ops.set_rank(process_set) or 0].sum(axis=0)
         return [r[o:o + d] for r, o, d in zip(reduced, offsets.tolist(), dims.tolist())]
     return run
@@ -136,7 +137,8 @@ def allgather_grad(process_set: ProcessSet) -> HostFn:
 def broadcast_grad(root_rank: int, process_set: ProcessSet) -> HostFn:
     """Broadcast's backward: the cotangent averaged across ranks, kept on the root and zero elsewhere."""
     def run(cotangent: np.ndarray) -> List[np.ndarray]:
-        reduced = ops.allreduce_async(cotangent, None, None, Average, 1.0, 1.0, process_set).wait()
+        with ops.blocking():
+            reduced = ops.allreduce_async(cotangent, None, None, Average, 1.0, 1.0, process_set).wait()
         return [reduced if basics.rank() == root_rank else np.zeros_like(reduced)]
     return run
 

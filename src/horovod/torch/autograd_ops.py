@@ -19,7 +19,6 @@ from horovod.core import ops
 from horovod.core.basics import rank
 from horovod.core.process_sets import ProcessSet, global_process_set
 from horovod.torch.async_ops import (
-    allgather_async,
     grouped_allgather_async,
     handle_average_backwards_compatibility,
     process_set_rank,
@@ -155,7 +154,7 @@ class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64), process_set=ctx.process_set))
+        dims = _allgather_now(torch.tensor([ctx.dim], dtype=torch.int64), None, ctx.process_set)
         offset = int(dims[: process_set_rank(ctx.process_set)].sum())
         return reduced.narrow(0, offset, ctx.dim), None, None
 
