@@ -118,3 +118,18 @@ def test_object_helpers_wait_at_once(monkeypatch):
     assert hvd.allgather_object(("rank", rank), name="bl") == [("rank", r) for r in range(size)]
     assert blocking == ["broadcast_object.bl.sz", "broadcast_object.bl.t",
                         "allgather_object.bl.sz", "allgather_object.bl.t"], blocking
+
+
+def test_numpy_blocking_calls_say_they_wait_at_once(monkeypatch):
+    """horovod.numpy's blocking calls submit and wait at once and say so (ops.blocking())."""
+    blocking = count_blocking(monkeypatch)
+    rank, size = hvd.rank(), hvd.size()
+    x = np.full(size * 2, rank + 1.0, np.float32)
+    hvd.allreduce(x, op=hvd.Sum, name="bl.ar")
+    hvd.allreduce_(x.copy(), op=hvd.Sum, name="bl.ar_")
+    hvd.broadcast(x, 0, name="bl.bc")
+    hvd.broadcast_(x.copy(), 0, name="bl.bc_")
+    hvd.allgather(x, name="bl.ag")
+    hvd.reducescatter(x, op=hvd.Sum, name="bl.rs")
+    assert sorted(blocking) == sorted(["allreduce.bl.ar", "allreduce.bl.ar_", "broadcast.bl.bc", "broadcast.bl.bc_",
+                                       "allgather.bl.ag", "reducescatter.bl.rs"]), blocking
