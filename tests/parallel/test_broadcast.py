@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import horovod.numpy as hvd
-from tests.support.blocking import count_blocking
+from tests.support.blocking import count_blocking, every_blocking_call
 from tests.support.ranks import ALL_DTYPES, dtype_id
 
 
@@ -124,12 +124,5 @@ def test_numpy_blocking_calls_say_they_wait_at_once(monkeypatch):
     """horovod.numpy's blocking calls submit and wait at once and say so (ops.blocking())."""
     blocking = count_blocking(monkeypatch)
     rank, size = hvd.rank(), hvd.size()
-    x = np.full(size * 2, rank + 1.0, np.float32)
-    hvd.allreduce(x, op=hvd.Sum, name="bl.ar")
-    hvd.allreduce_(x.copy(), op=hvd.Sum, name="bl.ar_")
-    hvd.broadcast(x, 0, name="bl.bc")
-    hvd.broadcast_(x.copy(), 0, name="bl.bc_")
-    hvd.allgather(x, name="bl.ag")
-    hvd.reducescatter(x, op=hvd.Sum, name="bl.rs")
-    assert sorted(blocking) == sorted(["allreduce.bl.ar", "allreduce.bl.ar_", "broadcast.bl.bc", "broadcast.bl.bc_",
-                                       "allgather.bl.ag", "reducescatter.bl.rs"]), blocking
+    expected = every_blocking_call(hvd, np.full(size * 2, rank + 1.0, np.float32), np.copy)
+    assert sorted(blocking) == sorted(expected), blocking

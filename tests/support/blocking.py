@@ -18,3 +18,16 @@ def count_blocking(monkeypatch) -> List[str]:
 
     monkeypatch.setattr(engine, "submit_blocking", counted)
     return names
+
+
+def every_blocking_call(hvd, x, copy) -> List[str]:
+    """Run a binding's (``hvd``'s) six blocking collectives once each on ``x`` (on ``copy(x)`` for the in-place
+    ones), at any rank count; returns the names they reach the engine under."""
+    hvd.allreduce(x, op=hvd.Sum, name="bl.ar")
+    hvd.allreduce_(copy(x), op=hvd.Sum, name="bl.ar_")
+    hvd.broadcast(x, 0, name="bl.bc")
+    hvd.broadcast_(copy(x), 0, name="bl.bc_")
+    hvd.allgather(x, name="bl.ag")
+    hvd.reducescatter(x, op=hvd.Sum, name="bl.rs")
+    return ["allreduce.bl.ar", "allreduce.bl.ar_", "broadcast.bl.bc", "broadcast.bl.bc_", "allgather.bl.ag",
+            "reducescatter.bl.rs"]
