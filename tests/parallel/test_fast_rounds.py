@@ -16,7 +16,14 @@ from horovod.backends.shm import FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core import basics, ops
-from horovod.core.engine.fast_rounds import DIRECT_ALLREDUCE_FROM, DIRECT_FROM, REDUCE_TOTAL_BYTES
+from horovod.core.engine.fast_rounds import (
+    DIRECT_ALLREDUCE_FROM,
+    DIRECT_FROM,
+    REDUCE_TOTAL_BYTES,
+    SPLIT_FROM,
+    goes_direct,
+    splits,
+)
 
 
 def _fast():
@@ -75,19 +82,26 @@ def test_scale_factors_and_in_place():
 
 def _allreduce_goes_direct(nbytes: int) -> bool:
     """Whether a blocking allreduce of ``nbytes`` should copy directly here: only where the ranks may copy to and
-    from each other's memory, and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank, however
-    many cores the ranks share) or, where every rank has a core, from DIRECT_ALLREDUCE_FROM."""
+    from each other's memory, and the slots cannot take it (more than REDUCE_TOTAL_BYTES read per rank and no split
+    round, however many cores the ranks share) or, where every rank has a core, from DIRECT_ALLREDUCE_FROM."""
     fast = _fast()
     return fast is not None and fast.pids is not None and (
-        nbytes * fast.size > REDUCE_TOTAL_BYTES or (fast.roomy and nbytes >= DIRECT_ALLREDUCE_FROM))
+        (nbytes * fast.size > REDUCE_TOTAL_BYTES and not _splits(nbytes))
+        or (fast.roomy and nbytes >= DIRECT_ALLREDUCE_FROM))
+
+
+def _splits(nbytes: int) -> bool:
+    """Whether an allreduce of ``nbytes`` through the slots is split: at 3 ranks and more, from SPLIT_FROM to a
+    slot."""
+    return hvd.size() >= 3 and SPLIT_FROM <= nbytes <= FAST_SLOT_BYTES
 
 
 def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
-    """The largest allreduce through the slots: a slot, or less where every rank would read more than
-    REDUCE_TOTAL_BYTES of slots, or just below DIRECT_ALLREDUCE_FROM where every rank has a core. A larger one
-    goes fast only as a direct round."""
+    """The largest allreduce through the slots: a slot (split at 3 ranks and more), or less where every rank would
+    read more than REDUCE_TOTAL_BYTES of whole slots, or just below DIRECT_ALLREDUCE_FROM where every rank has a
+    core. A larger one goes fast only as a direct round."""
     size = hvd.size()
-    largest = min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size)
+    largest = FAST_SLOT_BYTES if size >= 3 else min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size)   # split from 3
     if _fast() is not None and _fast().roomy and _fast().pids is not None:
         largest = min(largest, DIRECT_ALLREDUCE_FROM - 4)
     fits = np.ones(largest // 4, np.float32)
@@ -101,7 +115,7 @@ def test_a_slot_sized_op_goes_fast_and_a_larger_one_only_direct():
 
 
 # Element counts that do not split evenly among 2-4 ranks: one beyond REDUCE_TOTAL_BYTES read per rank only at 4
-# ranks (through the slots at 2 and 3; direct at 4, even where 4 ranks share 2 cores), one beyond a slot.
+# ranks (through the whole slots at 2, split at 3 and 4), one beyond a slot (direct).
 @pytest.mark.parametrize("count", [REDUCE_TOTAL_BYTES // 16 + 1, FAST_SLOT_BYTES // 4 + 7])
 @pytest.mark.parametrize("where", ["new", "in place", "strided"])
 def test_a_large_allreduce_copies_once(count, where):
@@ -119,7 +133,8 @@ def test_a_large_allreduce_copies_once(count, where):
     if output is not None:
         np.testing.assert_array_equal(output, slow)
     goes_direct = _allreduce_goes_direct(x.nbytes)
-    fits_slots = _fast() is not None and x.nbytes <= FAST_SLOT_BYTES and x.nbytes * hvd.size() <= REDUCE_TOTAL_BYTES
+    fits_slots = _fast() is not None and x.nbytes <= FAST_SLOT_BYTES and (
+        x.nbytes * hvd.size() <= REDUCE_TOTAL_BYTES or _splits(x.nbytes))
     _expect_fast(before, 1 if goes_direct or fits_slots else 0)
     assert _direct() == direct + (1 if goes_direct else 0)
 
@@ -331,3 +346,67 @@ def test_waits_poll_only_where_every_rank_on_the_machine_has_a_core():
     comm = getattr(engine.backend, "comm", None)
     if comm is not None:
         assert comm.spin_s == pytest.approx(expected)
+
+
+def _split() -> int:
+    fast = _fast()
+    return fast.split if fast is not None else 0
+
+
+def _rank_input(r, count, dtype, salt=0):
+    return ((np.arange(count) * 7 + 3 * r + salt) % 13 + 1).astype(dtype)
+
+
+@pytest.mark.parametrize("op", ["sum", "average", "min", "max", "product"])
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_a_split_allreduce_gives_the_rank_order_numbers(op, extra):
+    """From SPLIT_FROM bytes at three ranks and more an allreduce through the slots is split (each rank reduces its
+    segment, then copies the peers'): its bits are those of every slot reduced in rank order, at sizes that do not
+    divide among the ranks, for every op, with scale factors."""
+    rank, size = hvd.rank(), hvd.size()
+    count = SPLIT_FROM // 4 + size * 3 + extra
+    reduce_op = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+                 "product": hvd.Product}[op]
+    ufunc = {"sum": np.add, "average": np.add, "min": np.minimum, "max": np.maximum, "product": np.multiply}[op]
+    pre, post = (0.5, 3.0) if op in ("sum", "average") else (1.0, 1.0)
+    parts = [(_rank_input(r, count, np.float32) * np.float32(pre)) for r in range(size)]
+    expected = parts[0].copy()
+    for part in parts[1:]:
+        ufunc(expected, part, out=expected)
+    scale = post / size if op == "average" else post
+    if scale != 1.0:
+        expected *= np.float32(scale)
+    before, split_before = _matched(), _split()
+    got = hvd.allreduce(_rank_input(rank, count, np.float32), op=reduce_op, prescale_factor=pre,
+                        postscale_factor=post, name=f"split.{op}.{extra}")
+    np.testing.assert_array_equal(got, expected)
+    fast = _fast()
+    if fast is not None and not goes_direct(RequestType.ALLREDUCE, count * 4, size, fast.pids is not None,
+                                            fast.roomy):
+        _expect_fast(before)
+        assert _split() == split_before + (1 if splits(RequestType.ALLREDUCE, count * 4, size, False) else 0)
+
+
+def test_split_allreduces_in_a_row_in_place_and_into_strided_outputs():
+    """Many split rounds in a row on both buffers, in place, into a new output and into a strided one, with a
+    rank that arrives late now and then: every round's bits are the rank-order sum."""
+    rank, size = hvd.rank(), hvd.size()
+    count = SPLIT_FROM // 4 + 2 * size + 1
+    for step in range(12):
+        expected = _rank_input(0, count, np.float32, step).copy()
+        for r in range(1, size):
+            expected += _rank_input(r, count, np.float32, step)
+        if step % 4 == rank % 4:
+            time.sleep(0.002)
+        mine = _rank_input(rank, count, np.float32, step)
+        if step % 3 == 0:
+            hvd.allreduce_(mine, op=hvd.Sum, name="split.row")
+            got = mine
+        elif step % 3 == 1:
+            got = hvd.allreduce(mine, op=hvd.Sum, name="split.row")
+        else:
+            strided = np.zeros(2 * count, np.float32)[::2]
+            with ops.blocking():
+                ops.allreduce_async(mine, strided, name="split.row", op=hvd.Sum).wait()
+            got = strided
+        np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")

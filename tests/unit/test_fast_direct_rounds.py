@@ -217,22 +217,41 @@ def test_with_more_ranks_than_cores_only_what_outgrows_a_slot_goes_direct():
 
 
 @pytest.mark.parametrize("size", [3, 4])
-def test_with_more_ranks_than_cores_an_allreduce_past_the_slots_reduction_limit_goes_direct(size):
-    """Its slot round would have every rank reduce all ``size`` slots: it goes direct whatever the cores, while a
-    broadcast of the same bytes still takes the slots there."""
+def test_with_more_ranks_than_cores_an_allreduce_past_the_slots_reduction_limit_is_split(size):
+    """Its whole-slot round would have every rank reduce all ``size`` slots: while it fits a slot it is split
+    instead (each rank reduces its segment: it reads the slots' bytes once), and beyond a slot it goes direct,
+    whatever the cores; a broadcast of the same bytes takes the slots."""
     nbytes = (fast_rounds.REDUCE_TOTAL_BYTES // size // 4 + 1) * 4       # whole float32s
-    assert nbytes <= FAST_SLOT_BYTES
-    assert fast_rounds.goes_direct(RequestType.ALLREDUCE, nbytes, size, True, roomy=False)
-    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, nbytes - 8, size, True, roomy=False)
+    assert fast_rounds.SPLIT_FROM <= nbytes <= FAST_SLOT_BYTES
+    assert not fast_rounds.goes_direct(RequestType.ALLREDUCE, nbytes, size, True, roomy=False)
+    assert fast_rounds.splits(RequestType.ALLREDUCE, nbytes, size, False)
+    assert fast_rounds.goes_direct(RequestType.ALLREDUCE, FAST_SLOT_BYTES + 4, size, True, roomy=False)
+    assert not fast_rounds.splits(RequestType.ALLREDUCE, FAST_SLOT_BYTES + 4, size, False)
     assert not fast_rounds.goes_direct(RequestType.BROADCAST, nbytes, size, True, roomy=False)
-    sides = _sides([os.getpid()] * size, roomy=(False,) * size, size=size)
-    count = nbytes // 4
-    tensors = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(size)]
-    entries = [_entry(RequestType.ALLREDUCE, t, np.empty_like(t)) for t in tensors]
-    assert _round(sides, entries) == [True] * size
-    assert [s.direct for s in sides] == [1] * size
-    for entry in entries:
-        np.testing.assert_array_equal(entry.output, np.arange(count, dtype=np.float32) * sum(range(1, size + 1)))
+    for count, direct, split in [(nbytes // 4, 0, 1), (FAST_SLOT_BYTES // 4 + 1, 1, 0)]:
+        sides = _sides([os.getpid()] * size, roomy=(False,) * size, size=size)
+        tensors = [np.arange(count, dtype=np.float32) * (r + 1) for r in range(size)]
+        entries = [_entry(RequestType.ALLREDUCE, t, np.empty_like(t)) for t in tensors]
+        assert _round(sides, entries) == [True] * size
+        assert [(s.direct, s.split) for s in sides] == [(direct, split)] * size
+        for entry in entries:
+            np.testing.assert_array_equal(entry.output,
+                                          np.arange(count, dtype=np.float32) * sum(range(1, size + 1)))
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_only_three_ranks_and_more_split_and_only_from_split_from_to_a_slot(size):
+    """A split round costs a second wait: at two ranks every rank's reduction is the whole buffer either way, and
+    below SPLIT_FROM the wait costs more than the reading it saves. Split or not is part of the key."""
+    at = fast_rounds.SPLIT_FROM
+    expected = size >= 3
+    assert fast_rounds.splits(RequestType.ALLREDUCE, at, size, False) == expected
+    assert not fast_rounds.splits(RequestType.ALLREDUCE, at - 4, size, False)
+    assert not fast_rounds.splits(RequestType.ALLREDUCE, at, size, True)
+    assert not fast_rounds.splits(RequestType.REDUCESCATTER, at, size, False)
+    request = make_request("t", RequestType.ALLREDUCE, data_type_of(np.dtype(np.float32)), (at // 4,))
+    key = fast_rounds.key_of(request, at, list(range(size)))
+    assert key.endswith(fast_rounds.SPLIT_MARK) == expected
 
 
 def test_ranks_that_choose_different_paths_do_not_match():

@@ -40,6 +40,12 @@ place is safe). A direct reducescatter is that first half alone. Since peers cop
 they are done, a direct round ends when every rank has resolved it: each rank publishes that it has, then waits
 for the others (the buffer rule above then always holds).
 
+**Split rounds.** An allreduce through the slots at three ranks and more, from SPLIT_FROM bytes, is reduced in two
+halves: each rank reduces its segment (upstream's split of the elements) of every slot, in rank order, into its
+output and into the same segment of its own slot, which no peer reads in the first half, publishes REDUCED, waits
+for every peer's, and copies the peers' segments from their slots. Each rank reads the slots' bytes once instead
+of once per rank; the bits are the whole slots' reduction's.
+
 **Waiting** polls, then sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every
 post; a sleeping rank raises its SLEEPING word, and a post makes the futex wake call only when some rank has. A
 waiter wakes at least every ``SLICE_SECONDS`` to see whether the engine stopped (an abort, a shutdown, a lost
@@ -80,10 +86,11 @@ SLICE_SECONDS = 0.05
 YIELD_SECONDS = 200e-6
 PARK_AFTER_SECONDS = 0.5
 # Header words (uint64) of each rank: FAST_ROUND, KEY_LENGTH, ADDRESS and OUT_ADDRESS (a direct allreduce's
-# output) have one word per buffer (even and odd rounds); SLEEPING is 1 while the rank sleeps on the doorbell. The
-# buffers' keys follow from KEY_OFFSET, KEY_ROOM bytes each.
-COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS, SLEEPING, OUT_ADDRESS = 0, 1, 2, 3, 5, 7, 9, 10
-KEY_OFFSET = 96
+# output) have one word per buffer (even and odd rounds); SLEEPING is 1 while the rank sleeps on the doorbell;
+# REDUCED is the last split round whose segment the rank has reduced into its slot. The buffers' keys follow
+# from KEY_OFFSET, KEY_ROOM bytes each.
+COUNT, SEALED, RESOLVED, FAST_ROUND, KEY_LENGTH, ADDRESS, SLEEPING, OUT_ADDRESS, REDUCED = 0, 1, 2, 3, 5, 7, 9, 10, 12
+KEY_OFFSET = 104
 KEY_ROOM = (FAST_HEADER_BYTES - KEY_OFFSET) // 2
 _OPS = frozenset({ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT})
 _TYPES = frozenset({RequestType.ALLREDUCE, RequestType.BROADCAST, RequestType.ALLGATHER, RequestType.REDUCESCATTER})
@@ -109,6 +116,15 @@ DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 1
 # (docs/benchmarks.md, issue 31). Below it the cross-memory calls' fixed cost loses (256 KB: 1.14x, 128 KB: 1.57x).
 DIRECT_ALLREDUCE_FROM = 512 << 10
 DIRECT_MARK = b"|direct"        # ends a direct round's key
+# From this size (per rank), at three ranks and more, an allreduce through the slots is *split*: each rank reduces
+# only its segment of every slot (into its output, and publishes it in its own slot's segment, which no peer
+# reads in the round's first half), then copies the peers' reduced segments: each rank reads the slots' bytes
+# once instead of ``size`` times, the machine reduces every byte once instead of once per rank, for a second wait
+# (docs/benchmarks.md, issue 31).
+# 3 and 4 ranks on 2 cores, split / whole slots (benchmarks/fast_round_ab.py): 64 KB 1.04-1.20, 128 KB 0.93-1.15,
+# 256 KB 0.86-0.93, 512 KB 0.80-0.92.
+SPLIT_FROM = 256 << 10
+SPLIT_MARK = b"|split"          # ends a split round's key
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
 T = TypeVar("T")
@@ -148,25 +164,36 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     ranks outnumber the cores (not ``roomy``), a broadcast or an allgather goes direct only when it does not fit a
     slot: there the direct round's closing wait costs more context switches than the second copy. An allreduce
     beyond REDUCE_TOTAL_BYTES goes direct either way: its slot round would have every rank reduce every slot (4
-    ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator); where every rank has a
-    core, so does one from DIRECT_ALLREDUCE_FROM. The choice is part of the round's key, so ranks that choose
-    differently do not match."""
+    ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator) unless it can be split
+    (:func:`splits`: 0.78-0.85x the direct round's time at 3 and 4 ranks on 2 cores, 768 KB and 1 MB); where every
+    rank has a core, one from DIRECT_ALLREDUCE_FROM goes direct too. The choice is part of the round's key, so
+    ranks that choose differently do not match."""
     if not cross:
         return False
     if rtype == RequestType.ALLREDUCE:
-        return nbytes * size > REDUCE_TOTAL_BYTES or (roomy and nbytes >= DIRECT_ALLREDUCE_FROM)
+        if roomy and nbytes >= DIRECT_ALLREDUCE_FROM:
+            return True
+        return nbytes * size > REDUCE_TOTAL_BYTES and not splits(rtype, nbytes, size, False)
     if rtype == RequestType.REDUCESCATTER:
         return nbytes > FAST_SLOT_BYTES
     return nbytes >= DIRECT_FROM.get(rtype, 1 << 62) and (roomy or nbytes > FAST_SLOT_BYTES)
+
+
+def splits(rtype: int, nbytes: int, size: int, direct: bool) -> bool:
+    """Whether a fast allreduce through the slots of ``nbytes`` per rank is split (see SPLIT_FROM): at three
+    ranks and more, from SPLIT_FROM to a slot's size, whatever the ranks' bytes together (each rank reads only
+    its own). The choice is part of the round's key."""
+    return (rtype == RequestType.ALLREDUCE and not direct and size >= 3
+            and SPLIT_FROM <= nbytes <= FAST_SLOT_BYTES)
 
 
 def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct: bool = False) -> Optional[bytes]:
     """What must be equal on every rank for a matched round, or None when the op cannot go fast: an allreduce,
     a reducescatter, a broadcast, or an allgather (whose key holds the whole shape: ranks whose first dimensions
     differ do not match, and go through the coordinator) of one host tensor that fits a slot, or (``direct``,
-    see :func:`goes_direct`) larger. Every rank of an allreduce through the slots reduces all ``size`` slots
-    itself, so it goes that way only while that stays under REDUCE_TOTAL_BYTES (beyond, a direct round or the
-    data plane splits that work). A broadcast whose root is not among the set's ``ranks`` (global ranks) goes
+    see :func:`goes_direct`) larger. Every rank of an allreduce through the whole slots reduces all ``size``
+    slots itself, so it goes that way only while that stays under REDUCE_TOTAL_BYTES; beyond, a split round
+    (:func:`splits`), a direct round or the data plane splits that work. A broadcast whose root is not among the set's ``ranks`` (global ranks) goes
     through the coordinator, which reports it."""
     rtype, size = request.rtype, len(ranks)
     if rtype not in _TYPES or request.group or request.device:
@@ -175,7 +202,8 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
         return None
     if rtype in _REDUCING and request.reduce_op not in _OPS:     # ints: an IntEnum hashes as its value
         return None
-    if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES and not direct:
+    split = splits(rtype, nbytes, size, direct)
+    if rtype == RequestType.ALLREDUCE and nbytes * size > REDUCE_TOTAL_BYTES and not direct and not split:
         return None
     if rtype == RequestType.BROADCAST and request.root not in ranks:
         return None
@@ -184,6 +212,8 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
            f"{request.prescale!r}|{request.postscale!r}|{request.root}").encode()
     if direct:
         key += DIRECT_MARK
+    elif split:
+        key += SPLIT_MARK
     return key if len(key) <= KEY_ROOM else None
 
 
@@ -215,6 +245,7 @@ class FastRounds:
         self.roomy = size <= spin.cores()     # every rank may have a core: spin before sleeping, copy direct
         self.matched = 0                # rounds that ran fast here (tests and benchmarks read it)
         self.direct = 0                 # of which by cross-memory copies
+        self.split = 0                  # of which split allreduces (see SPLIT_FROM)
         # The open direct round's contiguous array whose address this rank posted (peers read or write it until
         # they resolve the round), and a direct allreduce's posted output (peers write into it).
         self._posted_array: Optional[np.ndarray] = None
@@ -233,6 +264,7 @@ class FastRounds:
         self._roots: Dict[Tuple[bytes, int], Tuple[tuple, Optional[np.ndarray]]] = {}
         self._gathers: Dict[Tuple[bytes, int], Tuple[tuple, np.dtype, List[Tuple[slice, np.ndarray]]]] = {}
         self._reductions: Dict[Tuple[bytes, int], Tuple[tuple, Callable[[np.ndarray], None]]] = {}
+        self._splits: Dict[Tuple[bytes, int], Tuple[tuple, np.dtype, _Split]] = {}    # see _finish_split
         self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
 
     def close(self) -> None:
@@ -245,6 +277,7 @@ class FastRounds:
         self._roots.clear()
         self._gathers.clear()
         self._reductions.clear()
+        self._splits.clear()
 
     def ring(self) -> None:
         """Wake the peers waiting on a round (a no-op once closed). The futex wake, most of a ring's cost, is made
@@ -374,7 +407,11 @@ class FastRounds:
             words[self.rank][RESOLVED] = k
             return False
         if posted is None:
-            self._finish(entry, b, key)
+            if key.endswith(SPLIT_MARK):
+                self._finish_split(entry, b, key, k, engine)
+                self.split += 1
+            else:
+                self._finish(entry, b, key)
             words[self.rank][RESOLVED] = k
         else:
             try:
@@ -574,6 +611,33 @@ class FastRounds:
         else:
             self._gather(entry, b, key)
 
+    def _finish_split(self, entry: Entry, b: int, key: bytes, k: int, engine: Parking) -> None:
+        """A matched split allreduce (see SPLIT_FROM): this rank's segment of every slot ``b`` reduced in rank order
+        (the same bits as the whole slots' reduction) into its output, published in its own slot's segment (only
+        this rank reads that segment of its slot in the round's first half), then, once every peer has published
+        its own, the peers' reduced segments copied into the output. The segments and their views are made once
+        per round key and buffer."""
+        out = entry.output
+        made = self._splits.get((key, b))
+        if made is None or made[0] != out.shape or made[1] != out.dtype:
+            request = entry.request
+            op, postscale = summed(request.reduce_op, float(request.postscale), self.size)
+            made = _keep(self._splits, (key, b), (out.shape, out.dtype, _Split(
+                self, b, out.size, out.dtype, op, postscale)))
+        split = made[2]
+        flat = out.reshape(-1) if out.flags.c_contiguous else np.empty(out.size, out.dtype)
+        mine = flat[split.own]
+        split.reduce(mine)
+        np.copyto(split.published, mine)
+        words = self.words
+        words[self.rank][REDUCED] = k
+        self.ring()
+        self._wait(lambda p: words[p][REDUCED] >= k, entry, engine)
+        for segment, view in split.peers:
+            np.copyto(flat[segment], view)
+        if not out.flags.c_contiguous:
+            out[...] = flat.reshape(out.shape)
+
     def _copy_root(self, entry: Entry, b: int, key: bytes) -> None:
         """A matched broadcast: the root's slot ``b`` into this rank's output (the root's own: its input), through
         a view of the slot shaped as the tensor, made once per round key and buffer."""
@@ -644,6 +708,30 @@ class FastRounds:
         if views is None:
             views = _keep(self._views, at, [pair[b][start:start + nbytes].view(dtype) for pair in self.slots])
         return views
+
+
+class _Split:
+    """What a split round (:meth:`FastRounds._finish_split`) of one shape and dtype on one buffer needs: this rank's
+    segment (a slice of the flat output), the reduction of that segment of every slot, where the rank publishes
+    it (its own slot's segment), and each peer's segment with the view of the peer's slot it is copied from."""
+
+    __slots__ = ("own", "reduce", "published", "peers")
+
+    def __init__(self, rounds: FastRounds, b: int, count: int, dtype: np.dtype, op: ReduceOp,
+                 postscale: float) -> None:
+        counts = split_counts(count, rounds.size)
+        starts = [sum(counts[:r]) for r in range(rounds.size)]
+        itemsize = np.dtype(dtype).itemsize
+
+        def segment(r: int) -> List[np.ndarray]:
+            return rounds._slot_views(b, starts[r] * itemsize, counts[r] * itemsize, dtype)
+
+        me = rounds.rank
+        self.own = slice(starts[me], starts[me] + counts[me])
+        views = segment(me)
+        self.reduce = in_order(views, op, postscale)
+        self.published = views[me]
+        self.peers = [(slice(starts[p], starts[p] + counts[p]), segment(p)[p]) for p in rounds.peers]
 
 
 def _root_output(entry: Entry) -> None:
