@@ -17,8 +17,7 @@ from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.tensorflow_overhead import overhead_main  # noqa: E402
-from benchmarks.torch_overhead import report  # noqa: E402
+from benchmarks.binding_overhead import overhead_main, report  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:

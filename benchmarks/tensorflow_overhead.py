@@ -14,27 +14,15 @@ inter-op thread.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import sys
-import tempfile
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.torch_scaling import _run, horovod_cmd  # noqa: E402
+from benchmarks.binding_overhead import overhead_main, size_label  # noqa: E402
 
 SIZES = [4 << 10, 256 << 10, 4 << 20, 64 << 20]
-log = logging.getLogger("benchmarks.tensorflow_overhead")
-
-
-def _size(nbytes: int) -> str:
-    for unit, shift in (("MB", 20), ("KB", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift} {unit}"
-    return f"{nbytes} B"
 
 
 def report(res: dict) -> List[str]:
@@ -43,43 +31,17 @@ def report(res: dict) -> List[str]:
     lines = ["| tensor | horovod.numpy (µs) | TF eager (µs) | TF tf.function (µs) | tf.function / eager | "
              "TF1 session.run (µs) |", "|---|---|---|---|---|---|"]
     for nbytes, row in res["single"].items():
-        lines.append(f"| {_size(int(nbytes))} | {us(row['numpy'] * 1e6)} | {us(row['eager'] * 1e6)} | "
+        lines.append(f"| {size_label(int(nbytes))} | {us(row['numpy'] * 1e6)} | {us(row['eager'] * 1e6)} | "
                      f"{us(row['function'] * 1e6)} | {row['function'] / row['eager']:.2f} | "
                      f"{us(row['graph'] * 1e6)} |")
     group, row = res["group"], res["grouped"]
-    what = f"{group['tensors']} x {_size(group['bytes_each'])}"
+    what = f"{group['tensors']} x {size_label(group['bytes_each'])}"
     lines += ["", f"| {what} | grouped_allreduce eager (µs) | grouped_allreduce in tf.function (µs) | "
               "tf.function / eager | separate allreduces in one tf.function (µs) |", "|---|---|---|---|---|",
               f"| {res['size']} ranks | {us(row['grouped eager'] * 1e6)} | {us(row['grouped function'] * 1e6)} | "
               f"{row['grouped function'] / row['grouped eager']:.2f} | {us(row['separate function'] * 1e6)} |",
               "", f"Threads per rank: {res['threads']} (TensorFlow); OMP_NUM_THREADS=1."]
     return lines
-
-
-def overhead_main(argv: Optional[List[str]], doc: str, worker: str, sizes: str, scale: float,
-                  report: Callable[[dict], List[str]]) -> int:
-    """A binding-overhead script's command line (``--np``, ``--sizes``, ``--scale``, ``--json``, ``--timeout``):
-    runs ``worker`` (a module of benchmarks/workers taking OUT.json SIZES SCALE) under horovodrun and prints
-    ``report`` of what its rank 0 wrote."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--sizes", default=sizes, help="bytes per tensor, comma-separated")
-    parser.add_argument("--scale", type=float, default=scale,
-                        help="multiplies the iteration counts of benchmarks/workers/timing.py::iterations")
-    parser.add_argument("--json", help="write the raw results here")
-    parser.add_argument("--timeout", type=float, default=600)
-    opts = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "overhead.json"
-        res = _run(horovod_cmd(opts.np, ["-m", worker, str(out), opts.sizes, str(opts.scale)]), out, opts.timeout)
-    if res is None:
-        return 1
-    print()
-    print("\n".join(report(res)))
-    if opts.json:
-        Path(opts.json).write_text(json.dumps({"options": vars(opts), "results": res}, indent=1))
-    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -18,20 +18,7 @@ from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.tensorflow_overhead import _size, overhead_main  # noqa: E402
-
-
-def report(res: dict) -> List[str]:
-    """One markdown table: per size and call, the op layer's time, the binding's (``res["binding"]``), and the
-    difference."""
-    binding = res["binding"]
-    lines = [f"{res['size']} ranks; latency per call in µs", "",
-             f"| tensor | call | op layer | {binding} | {binding} − op layer |", "|---|---|---|---|---|"]
-    for nbytes, rows in res["results"].items():
-        for call, got in rows.items():
-            ours, theirs = got["ops"] * 1e6, got["binding"] * 1e6
-            lines.append(f"| {_size(int(nbytes))} | {call} | {ours:.1f} | {theirs:.1f} | {theirs - ours:.1f} |")
-    return lines
+from benchmarks.binding_overhead import overhead_main, report  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:

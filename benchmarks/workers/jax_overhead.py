@@ -11,14 +11,13 @@ horovod.bench`` calls it) and through ``horovod.jax`` on a ``jax.Array`` (``hvd.
 """
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict
 
 import jax.numpy as jnp
 import numpy as np
 
 import horovod.jax as hvd
-from benchmarks.workers.overhead_rows import layer, time_rows
+from benchmarks.workers.overhead_rows import layer, worker_main
 from horovod.core import ops
 
 
@@ -42,11 +41,5 @@ def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
     }
 
 
-def main(out: str, sizes, scale: float) -> None:
-    hvd.init()
-    time_rows(calls, sizes, scale, "horovod.jax", out, hvd.rank(), hvd.size(), hvd.barrier)
-    hvd.shutdown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    worker_main(calls, hvd, "horovod.jax")

@@ -11,14 +11,13 @@ seconds per call as JSON (the layout ``benchmarks/torch_overhead.py`` reports).
 """
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict
 
 import mxnet as mx
 import numpy as np
 
 import horovod.mxnet as hvd
-from benchmarks.workers.overhead_rows import layer, time_rows
+from benchmarks.workers.overhead_rows import layer, worker_main
 from horovod.core import ops
 
 
@@ -45,11 +44,5 @@ def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
     }
 
 
-def main(out: str, sizes, scale: float) -> None:
-    hvd.init()
-    time_rows(calls, sizes, scale, "horovod.mxnet", out, hvd.rank(), hvd.size(), lambda: ops.barrier_async().wait())
-    hvd.shutdown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    worker_main(calls, hvd, "horovod.mxnet")

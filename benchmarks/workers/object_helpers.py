@@ -10,14 +10,13 @@ of ``benchmarks.workers.timing.iterations``. Rank 0 writes the seconds per call 
 """
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict
 
 import cloudpickle
 import numpy as np
 
 import horovod.numpy as hvd
-from benchmarks.workers.overhead_rows import layer, time_rows
+from benchmarks.workers.overhead_rows import layer, worker_main
 from horovod.core import ops
 
 
@@ -33,11 +32,5 @@ def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
     }
 
 
-def main(out: str, sizes, scale: float) -> None:
-    hvd.init()
-    time_rows(calls, sizes, scale, "object helper", out, hvd.rank(), hvd.size(), hvd.barrier)
-    hvd.shutdown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    worker_main(calls, hvd, "object helper")

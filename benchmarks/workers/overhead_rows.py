@@ -1,9 +1,10 @@
-"""The binding-overhead workers' shared parts (``torch_overhead``, ``jax_overhead``): the op layer's blocking call
-as the bench times it, and the timing loop over sizes and rows that writes what ``benchmarks/torch_overhead.py``
-reports."""
+"""The binding-overhead workers' shared parts (``torch_overhead``, ``jax_overhead``, ``mxnet_overhead``,
+``object_helpers``): the op layer's blocking call as the bench times it, and the timing loop over sizes and rows
+that writes what ``benchmarks/binding_overhead.py`` reports."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable
+import sys
+from typing import Callable, Dict, Iterable, List, Optional
 
 from benchmarks.workers.timing import iterations, measure, write
 from horovod.core import ops
@@ -36,3 +37,14 @@ def time_rows(calls: Callable[[int, int], Rows], sizes: Iterable[int], scale: fl
                       f"{got['binding'] * 1e6:8.1f} us", flush=True)
     if rank == 0:
         write(out, {"size": size, "binding": binding, "results": results})
+
+
+def worker_main(calls: Callable[[int, int], Rows], hvd, binding: str, argv: Optional[List[str]] = None) -> None:
+    """A worker's command line, ``OUT.json SIZES [SCALE]``: init the binding ``hvd``, time ``calls``' rows
+    (:func:`time_rows`, between the op layer's barriers), shut down."""
+    args = sys.argv[1:] if argv is None else argv
+    out, sizes = args[0], [int(s) for s in args[1].split(",")]
+    scale = float(args[2]) if len(args) > 2 else 1.0
+    hvd.init()
+    time_rows(calls, sizes, scale, binding, out, hvd.rank(), hvd.size(), lambda: ops.barrier_async().wait())
+    hvd.shutdown()

@@ -12,14 +12,13 @@ Rank 0 prints a line per row and writes the seconds per call as JSON.
 """
 from __future__ import annotations
 
-import sys
 from typing import Callable, Dict
 
 import numpy as np
 import torch
 
 import horovod.torch as hvd
-from benchmarks.workers.overhead_rows import layer, time_rows
+from benchmarks.workers.overhead_rows import layer, worker_main
 from horovod.core import ops
 
 # Each row: (op-layer call, torch calls by label), on float32 buffers of the size.
@@ -54,12 +53,6 @@ def calls(nbytes: int, size: int) -> Dict[str, Dict[str, Callable[[], object]]]:
     }
 
 
-def main(out: str, sizes, scale: float) -> None:
-    torch.set_num_threads(1)
-    hvd.init()
-    time_rows(calls, sizes, scale, "horovod.torch", out, hvd.rank(), hvd.size(), hvd.barrier)
-    hvd.shutdown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",")], float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    torch.set_num_threads(1)
+    worker_main(calls, hvd, "horovod.torch")

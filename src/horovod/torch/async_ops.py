@@ -12,6 +12,7 @@ from horovod.common import types as _types
 from horovod.common.types import Average, ReduceOp, Sum
 from horovod.common.util import get_average_backwards_compatibility_fun
 from horovod.core import ops
+from horovod.core.controller.messages import HOST
 from horovod.core.engine.handles import Handle
 from horovod.core.ops import set_rank as process_set_rank  # noqa: F401  (torch's names for them)
 from horovod.core.ops import set_size as process_set_size
@@ -50,24 +51,30 @@ def start_allreduce(tensor: torch.Tensor, output: Optional[torch.Tensor], name: 
     """Submit an allreduce of ``tensor`` into ``output`` (``tensor`` itself for the in-place forms; None: a new
     tensor, see :func:`_new_output`)."""
     check_tensor(tensor, REDUCE_DTYPES, "allreduce")
+    return _start_into(tensor, output, op, lambda array, out, device: ops.allreduce_async(
+        array, out, _name("allreduce", name, process_set), op, prescale_factor, postscale_factor, process_set,
+        device=device))
+
+
+def _start_into(tensor: torch.Tensor, output: Optional[torch.Tensor], op: Optional[ReduceOp],
+                submit: Callable[[object, object, int], Handle]) -> Pending:
+    """Submit a collective of ``tensor`` into ``output`` (``tensor`` itself in place; None: a new tensor) as
+    ``submit(input, output, device)`` makes it (called once, after the device checks, so that an unnamed op is
+    numbered only when it is submitted): a CPU tensor's new output from the op layer (``output`` None given to
+    it), tensors of a device plane as they are, other device tensors staged through host memory (``op`` picks the
+    plane, :func:`cuda_ipc.device_for`)."""
     if output is None and tensor.is_cpu:
-        array = numpy_view(tensor)
-        handle = ops.allreduce_async(array, None, _name("allreduce", name, process_set), op, prescale_factor,
-                                     postscale_factor, process_set)
-        return Pending(handle, _new_output(tensor.dtype), (tensor,))
+        return Pending(submit(numpy_view(tensor), None, HOST), _new_output(tensor.dtype), (tensor,))
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
     device = cuda_ipc.device_for([tensor, output], op)
     if device:
-        handle = ops.allreduce_async(tensor, output, _name("allreduce", name, process_set), op, prescale_factor,
-                                     postscale_factor, process_set, device=device)
-        return Pending(handle, _returns(output), (tensor, output))
+        return Pending(submit(tensor, output, device), _returns(output), (tensor, output))
     host_in = to_host(tensor)
     host_out = host_in if output is tensor else to_host(output)
     array_in = numpy_view(host_in)
     array_out = array_in if host_out is host_in else numpy_view(host_out)
-    handle = ops.allreduce_async(array_in, array_out, _name("allreduce", name, process_set), op, prescale_factor,
-                                 postscale_factor, process_set)
+    handle = submit(array_in, array_out, HOST)
     if host_out is output:
         return Pending(handle, _returns(output), (tensor, output))
     return Pending(handle, _copied_back(host_out, output), (tensor, output, host_in, host_out))
@@ -244,25 +251,8 @@ def start_broadcast(tensor: torch.Tensor, output: Optional[torch.Tensor], root_r
     """Submit a broadcast of ``root_rank``'s ``tensor`` into ``output`` (``tensor`` for the in-place form; None: a
     new tensor, see :func:`_new_output`)."""
     check_tensor(tensor, MOVE_DTYPES, "broadcast")
-    if output is None and tensor.is_cpu:
-        handle = ops.broadcast_async(numpy_view(tensor), root_rank, None, _name("broadcast", name, process_set),
-                                     process_set)
-        return Pending(handle, _new_output(tensor.dtype), (tensor,))
-    if output is None:
-        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    device = cuda_ipc.device_for([tensor, output])
-    if device:
-        handle = ops.broadcast_async(tensor, root_rank, output, _name("broadcast", name, process_set), process_set,
-                                     device=device)
-        return Pending(handle, _returns(output), (tensor, output))
-    host_in = to_host(tensor)
-    host_out = host_in if output is tensor else to_host(output)
-    array_in = numpy_view(host_in)
-    array_out = array_in if host_out is host_in else numpy_view(host_out)
-    handle = ops.broadcast_async(array_in, root_rank, array_out, _name("broadcast", name, process_set), process_set)
-    if host_out is output:
-        return Pending(handle, _returns(output), (tensor, output))
-    return Pending(handle, _copied_back(host_out, output), (tensor, output, host_in, host_out))
+    return _start_into(tensor, output, None, lambda array, out, device: ops.broadcast_async(
+        array, root_rank, out, _name("broadcast", name, process_set), process_set, device=device))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,

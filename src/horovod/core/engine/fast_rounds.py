@@ -68,7 +68,7 @@ from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple, Ty
 import numpy as np
 
 from horovod.backends import cma, doorbell, spin
-from horovod.backends.blocks import split_counts
+from horovod.backends.blocks import offsets, split_counts
 from horovod.backends.reduce import in_order, reduce_pieces, scaled_copy
 from horovod.backends.shm import DIRECT_PIECE_BYTES, FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.exceptions import HorovodInternalError
@@ -193,8 +193,8 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
     differ do not match, and go through the coordinator) of one host tensor that fits a slot, or (``direct``,
     see :func:`goes_direct`) larger. Every rank of an allreduce through the whole slots reduces all ``size``
     slots itself, so it goes that way only while that stays under REDUCE_TOTAL_BYTES; beyond, a split round
-    (:func:`splits`), a direct round or the data plane splits that work. A broadcast whose root is not among the set's ``ranks`` (global ranks) goes
-    through the coordinator, which reports it."""
+    (:func:`splits`), a direct round or the data plane splits that work. A broadcast whose root is not among the
+    set's ``ranks`` (global ranks) goes through the coordinator, which reports it."""
     rtype, size = request.rtype, len(ranks)
     if rtype not in _TYPES or request.group or request.device:
         return None
@@ -720,7 +720,7 @@ class _Split:
     def __init__(self, rounds: FastRounds, b: int, count: int, dtype: np.dtype, op: ReduceOp,
                  postscale: float) -> None:
         counts = split_counts(count, rounds.size)
-        starts = [sum(counts[:r]) for r in range(rounds.size)]
+        starts = offsets(counts)
         itemsize = np.dtype(dtype).itemsize
 
         def segment(r: int) -> List[np.ndarray]:
