@@ -410,3 +410,91 @@ def test_split_allreduces_in_a_row_in_place_and_into_strided_outputs():
                 ops.allreduce_async(mine, strided, name="split.row", op=hvd.Sum).wait()
             got = strided
         np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")
+
+
+# ---------------------------------------------------------------- grouped rounds
+_GROUP_DTYPES = [np.float32, np.float64, np.int32, np.float16, np.float32]
+_GROUP_COUNTS = [1, 7, 33, 100, 257]         # bytes that are and are not multiples of GROUP_ALIGN
+
+
+def _group_inputs(rank: int, shift: int = 0):
+    return [((np.arange(count) + i + shift) % 5 + rank + 1).astype(dtype).reshape(-1, 1) if count % 2 else
+            ((np.arange(count) + i + shift) % 5 + rank + 1).astype(dtype).reshape(2, -1)
+            for i, (dtype, count) in enumerate(zip(_GROUP_DTYPES, _GROUP_COUNTS))]
+
+
+@pytest.mark.parametrize("op", ["sum", "average", "min", "max", "product"])
+def test_a_grouped_allreduce_is_one_round_with_the_coordinators_numbers(op):
+    """Members of mixed dtypes, shapes and sizes (some not a multiple of GROUP_ALIGN) go in one fast round and
+    give, each, what the coordinator gives for the same group."""
+    reduce_op = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+                 "product": hvd.Product}[op]
+    xs = _group_inputs(hvd.rank())
+    before = _matched()
+    fast = hvd.grouped_allreduce(xs, op=reduce_op, name=f"fr.group.{op}")
+    _expect_fast(before)
+    with_coordinator = ops.grouped_allreduce_async(xs, None, f"fr.group.slow.{op}", reduce_op).wait()
+    for got, expected, x in zip(fast, with_coordinator, xs):
+        np.testing.assert_array_equal(got, expected)
+        assert got.dtype == x.dtype and got.shape == x.shape
+
+
+def test_grouped_rounds_in_place_with_scale_factors_and_in_a_row():
+    """In place (the inputs are the outputs), scaled, and many in a row on the two buffers: each round's numbers
+    are its own."""
+    rank, size = hvd.rank(), hvd.size()
+    before = _matched()
+    for i in range(20):
+        xs = [np.full(5, rank + i, np.float32), np.full((3, 3), rank - i, np.float64)]
+        hvd.grouped_allreduce_(xs, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0, name="fr.group.inplace")
+        ranks = size * (size - 1) / 2
+        np.testing.assert_allclose(xs[0], np.full(5, 2.0 * (ranks + size * i)))
+        np.testing.assert_allclose(xs[1], np.full((3, 3), 2.0 * (ranks - size * i)))
+        got = hvd.allreduce(np.array([i], np.int64), op=hvd.Sum, name="fr.group.between")
+        assert int(got[0]) == size * i
+    _expect_fast(before, 40)
+
+
+def test_a_group_larger_than_the_slots_goes_through_the_coordinator():
+    """Members that fit a slot each but not together (or whose whole slots every rank would read past
+    REDUCE_TOTAL_BYTES) take the coordinator, with the same numbers."""
+    size = hvd.size()
+    count = FAST_SLOT_BYTES // 4 // 2 + 16
+    xs = [np.full(count, hvd.rank() + 1, np.float32), np.full(count, 2 * hvd.rank(), np.float32)]
+    before = _matched()
+    got = hvd.grouped_allreduce(xs, op=hvd.Sum, name="fr.group.large")
+    _expect_fast(before, 0)
+    np.testing.assert_array_equal(got[0], np.full(count, size * (size + 1) / 2, np.float32))
+    np.testing.assert_array_equal(got[1], np.full(count, size * (size - 1), np.float32))
+
+
+def test_groups_that_differ_between_ranks_do_not_match():
+    """Rank 0's group has a member of another dtype: the keys differ, every rank sends its group to the
+    coordinator, which reports the mismatch as it always did; the next group is fast again."""
+    rank, size = hvd.rank(), hvd.size()
+    if size == 1:
+        pytest.skip("a mismatch needs two ranks")
+    xs = [np.ones(4, np.float32), np.ones(4, np.float64 if rank == 0 else np.float32)]
+    with pytest.raises(HorovodInternalError, match=r"Mismatched data types .*fr\.group\.dtypes_1of2"):
+        hvd.grouped_allreduce(xs, op=hvd.Sum, name="fr.group.dtypes")
+    before = _matched()
+    got = hvd.grouped_allreduce([np.ones(4, np.float32), np.ones(2, np.int32)], op=hvd.Sum, name="fr.group.after")
+    _expect_fast(before)
+    np.testing.assert_array_equal(got[1], np.full(2, size, np.int32))
+
+
+def test_torch_grouped_allreduces_go_fast():
+    """horovod.torch's blocking grouped allreduces say they wait at once: one fast round each."""
+    torch = pytest.importorskip("torch")
+    import horovod.torch as hvd_torch
+
+    size = hvd.size()
+    before = _matched()
+    got = hvd_torch.grouped_allreduce([torch.ones(3), torch.full((2, 2), 2.0)], op=hvd_torch.Sum,
+                                      name="fr.group.torch")
+    _expect_fast(before)
+    assert got[1].tolist() == [[2.0 * size] * 2] * 2
+    xs = [torch.ones(3), torch.ones(5, dtype=torch.float64)]
+    hvd_torch.grouped_allreduce_(xs, op=hvd_torch.Sum, name="fr.group.torch_")
+    _expect_fast(before, 2)
+    assert xs[1].tolist() == [float(size)] * 5

@@ -216,10 +216,11 @@ def test_blocking_calls_say_they_wait_at_once(form, monkeypatch):
 
     def calls(t):
         return (hvd.allreduce(t, op=hvd.Sum, name="bl.ar"), hvd.broadcast(t, 0, name="bl.bc"),
-                hvd.allgather(t, name="bl.ag"), hvd.reducescatter(t, op=hvd.Sum, name="bl.rs"))
+                hvd.allgather(t, name="bl.ag"), hvd.reducescatter(t, op=hvd.Sum, name="bl.rs"),
+                hvd.grouped_allreduce([t, t], op=hvd.Sum, name="bl.gar"))
 
-    summed, sent, gathered, scattered = run(form, calls, x)
-    expected = ["allreduce.bl.ar", "broadcast.bl.bc", "reducescatter.bl.rs"]
+    summed, sent, gathered, scattered, grouped = run(form, calls, x)
+    expected = ["allreduce.bl.ar", "broadcast.bl.bc", "reducescatter.bl.rs", "grouped_allreduce.bl.gar"]
     if form == "eager":
         expected.append("allgather.bl.ag")
     assert sorted(blocking) == sorted(expected), blocking
@@ -227,3 +228,4 @@ def test_blocking_calls_say_they_wait_at_once(form, monkeypatch):
     np.testing.assert_array_equal(np.asarray(sent), np.ones(size * 2))
     np.testing.assert_array_equal(np.asarray(gathered), np.repeat(np.arange(1, size + 1, dtype=np.float32), size * 2))
     np.testing.assert_array_equal(np.asarray(scattered), np.full(2, size * (size + 1) / 2))
+    np.testing.assert_array_equal(np.asarray(grouped[1]), np.full(size * 2, size * (size + 1) / 2))

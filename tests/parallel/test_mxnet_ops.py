@@ -273,8 +273,9 @@ def test_blocking_calls_say_they_wait_at_once(monkeypatch):
     sent_in_place = hvd.broadcast_(x.copy(), 0, name="bl.bc_")
     gathered = hvd.allgather(x, name="bl.ag")
     scattered = hvd.reducescatter(x, op=hvd.Sum, name="bl.rs")
+    grouped = hvd.grouped_allreduce([x, x], op=hvd.Sum, name="bl.gar")
     assert sorted(blocking) == sorted(["allreduce.bl.ar", "allreduce.bl.ar_", "broadcast.bl.bc", "broadcast.bl.bc_",
-                                       "allgather.bl.ag", "reducescatter.bl.rs"]), blocking
+                                       "allgather.bl.ag", "reducescatter.bl.rs", "grouped_allreduce.bl.gar"]), blocking
     total = size * (size + 1) / 2
     np.testing.assert_array_equal(summed.asnumpy(), np.full(size * 2, total))
     np.testing.assert_array_equal(in_place.asnumpy(), np.full(size * 2, total))
@@ -282,3 +283,4 @@ def test_blocking_calls_say_they_wait_at_once(monkeypatch):
     np.testing.assert_array_equal(sent_in_place.asnumpy(), np.ones(size * 2))
     np.testing.assert_array_equal(gathered.asnumpy(), np.repeat(np.arange(1, size + 1, dtype=np.float32), size * 2))
     np.testing.assert_array_equal(scattered.asnumpy(), np.full(2, total))
+    np.testing.assert_array_equal(grouped[1].asnumpy(), np.full(size * 2, total))

@@ -455,12 +455,14 @@ def test_blocking_calls_say_they_wait_at_once(mode, monkeypatch):
 
     def calls(t):
         return (hvd.allreduce(t, op=hvd.Sum, name="bl.ar"), hvd.broadcast(t, 0, name="bl.bc"),
-                hvd.allgather(t, name="bl.ag"), hvd.reducescatter(t, op=hvd.Sum, name="bl.rs"))
+                hvd.allgather(t, name="bl.ag"), hvd.reducescatter(t, op=hvd.Sum, name="bl.rs"),
+                hvd.grouped_allreduce([t, t], op=hvd.Sum, name="bl.gar"))
 
-    summed, sent, gathered, scattered = run(mode, calls, x)
+    summed, sent, gathered, scattered, grouped = run(mode, calls, x)
     assert sorted(blocking) == sorted(["allreduce.bl.ar", "broadcast.bl.bc", "allgather.bl.ag",
-                                       "reducescatter.bl.rs"]), blocking
+                                       "reducescatter.bl.rs", "grouped_allreduce.bl.gar"]), blocking
     np.testing.assert_array_equal(summed, np.full(size * 2, size * (size + 1) / 2))
     np.testing.assert_array_equal(sent, np.ones(size * 2))
     np.testing.assert_array_equal(gathered, np.repeat(np.arange(1, size + 1, dtype=np.float32), size * 2))
     np.testing.assert_array_equal(scattered, np.full(2, size * (size + 1) / 2))
+    np.testing.assert_array_equal(grouped[1], np.full(size * 2, size * (size + 1) / 2))

@@ -1,4 +1,8 @@
-"""What the in-process fast-round tests give a round as its engine (``fast_rounds.Parking``)."""
+"""What the in-process fast-round tests share: an engine for a round (``fast_rounds.Parking``), and every rank's
+side run in a thread of its own."""
+import threading
+from typing import Callable
+
 from horovod.core.engine.state import EngineState
 
 
@@ -14,3 +18,14 @@ class RunningEngine:
 
     def unpark(self, entry):
         pass
+
+
+def each_rank_in_a_thread(ranks: int, run: Callable[[int], None], what: str = "a round") -> None:
+    """``run(r)`` for every rank ``r``, each in a thread, all at once; fails the test when one has not returned
+    within 10 s (its round did not close)."""
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), f"{what} did not close"

@@ -1,7 +1,6 @@
 """Direct fast rounds (core/engine/fast_rounds.py) in one process: two ranks' sides on one shared area, each in a
 thread, copying by process_vm_readv/writev to and from this very process (a process may read its own memory)."""
 import os
-import threading
 from typing import List, Optional
 
 import numpy as np
@@ -15,7 +14,7 @@ from horovod.core.controller.messages import make_request
 from horovod.core.engine import fast_rounds
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.handles import Handle
-from tests.support.fast_rounds import RunningEngine
+from tests.support.fast_rounds import RunningEngine, each_rank_in_a_thread
 
 
 def _may_copy() -> bool:
@@ -68,12 +67,7 @@ def _round(sides, entries) -> List[object]:
         except HorovodInternalError as exc:
             results[r] = exc
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(len(sides))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads), "a direct round did not close"
+    each_rank_in_a_thread(len(sides), run, "a direct round")
     return results
 
 

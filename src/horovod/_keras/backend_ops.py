@@ -81,8 +81,9 @@ def grouped_allreduce(tensors: Sequence[Any], name: str, op: ReduceOp, prescale_
             check()
         arrays = [np.require(a, requirements="C") for a in arrays]
         outs = [np.empty_like(a) for a in arrays]
-        ops.grouped_allreduce_async(arrays, outs, f"grouped_allreduce.{name}", op, prescale_factor,
-                                    postscale_factor, process_set).wait()
+        with ops.blocking():
+            ops.grouped_allreduce_async(arrays, outs, f"grouped_allreduce.{name}", op, prescale_factor,
+                                        postscale_factor, process_set).wait()
         return tuple(outs)
 
     if kind == "jax":

@@ -106,8 +106,9 @@ class MetricAverageCallback(_Callback):
             return
         names = sorted(logs)
         arrays = [np.asarray(keras.ops.convert_to_numpy(logs[k]), dtype=np.float64).reshape(-1) for k in names]
-        outs = ops.grouped_allreduce_async(arrays, None, "MetricAverageCallback." + ".".join(names),
-                                           process_set=global_process_set).wait()
+        with ops.blocking():
+            outs = ops.grouped_allreduce_async(arrays, None, "MetricAverageCallback." + ".".join(names),
+                                               process_set=global_process_set).wait()
         for k, arr, out in zip(names, arrays, outs):
             logs[k] = float(out[0]) if arr.size == 1 else out
 

@@ -17,7 +17,7 @@ import numpy as np
 from horovod.backends import device_ipc
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
-from horovod.core.controller.messages import HOST, make_request, single_request
+from horovod.core.controller.messages import HOST, group_requests, make_request, single_request
 from horovod.core.engine import Entry, output_pool
 from horovod.core.engine.handles import Handle
 from horovod.core.process_sets import ProcessSet
@@ -46,9 +46,9 @@ _BLOCKING = _Blocking()
 
 
 def blocking() -> _Blocking:
-    """Inside this block, the next allreduce, broadcast, allgather or reducescatter this thread submits is one its
-    caller waits for at once (the bindings' blocking calls say so): a small one may then skip the coordinator
-    (core/engine/fast_rounds.py).
+    """Inside this block, the next allreduce, grouped allreduce, broadcast, allgather or reducescatter this thread
+    submits is one its caller waits for at once (the bindings' blocking calls say so): a small one may then skip
+    the coordinator (core/engine/fast_rounds.py).
     Never wrap an async call whose handle is kept: its op could then hold up the other ranks until waited on."""
     return _BLOCKING
 
@@ -211,20 +211,23 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], outputs: Optional[Seq
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
-    outputs = [_empty_like(t, device) for t in tensors] if outputs is None else list(outputs)
-    base = name or tensor_name("grouped_allreduce", None, process_set=process_set)
-    n = len(tensors)
-    handle = Handle(base, parts=n, finish=list)
-    entries = []
-    for i, (t, out) in enumerate(zip(tensors, outputs)):
-        dtype = describe(t, device)
-        op = _check_reduce(op, dtype, "grouped_allreduce")
+    dtypes = [describe(t, device) for t in tensors]
+    op = _as_op(op)
+    for dtype in set(dtypes):
+        _check_reduce(op, dtype, "grouped_allreduce")
         _check_scale(dtype, prescale_factor, postscale_factor, "grouped_allreduce")
-        member = f"{base}_{i}of{n}"
-        request = make_request(member, RequestType.ALLREDUCE, dtype, t.shape, op, prescale_factor,
-                               postscale_factor, group=base, group_size=n, device=device)
-        entries.append(Entry(request, t, out, handle, index=i))
-    engine.enqueue(entries)
+    outputs = ([_empty_like(t, device, dtype) for t, dtype in zip(tensors, dtypes)] if outputs is None
+               else list(outputs))
+    base = name or tensor_name("grouped_allreduce", None, process_set=process_set)
+    handle = Handle(base, parts=len(tensors), finish=list)
+    requests = group_requests(base, _ALLREDUCE, dtypes, [t.shape for t in tensors], op, prescale_factor,
+                              postscale_factor, device)
+    entries = [Entry(request, t, out, handle, index=i)
+               for i, (request, t, out) in enumerate(zip(requests, tensors, outputs))]
+    if _take_blocking():
+        engine.submit_blocking_group(entries)
+    else:
+        engine.enqueue(entries)
     return handle
 
 

@@ -28,12 +28,12 @@ def allreduce(name: Optional[str], op: ReduceOp, prescale_factor: float, postsca
               process_set: ProcessSet, grouped: bool) -> HostFn:
     """Allreduce one array (``grouped`` False) or a list of arrays as one fused unit."""
     def run(*arrays: np.ndarray) -> List[np.ndarray]:
-        if not grouped:
-            with ops.blocking():
+        with ops.blocking():
+            if not grouped:
                 return [ops.allreduce_async(arrays[0], None, _name("allreduce", name, process_set), op,
                                             prescale_factor, postscale_factor, process_set).wait()]
-        return list(ops.grouped_allreduce_async(arrays, None, _name("grouped_allreduce", name, process_set), op,
-                                                prescale_factor, postscale_factor, process_set).wait())
+            return list(ops.grouped_allreduce_async(arrays, None, _name("grouped_allreduce", name, process_set),
+                                                    op, prescale_factor, postscale_factor, process_set).wait())
     return run
 
 
@@ -126,7 +126,8 @@ def allgather_grad(process_set: ProcessSet) -> HostFn:
     (one grouped allreduce), then this rank's rows (offsets from an allgather of every rank's first dims)."""
     def run(*cotangents: np.ndarray) -> List[np.ndarray]:
         *cts, dims = cotangents
-        reduced = ops.grouped_allreduce_async(cts, None, None, Average, 1.0, 1.0, process_set).wait()
+        with ops.blocking():
+            reduced = ops.grouped_allreduce_async(cts, None, None, Average, 1.0, 1.0, process_set).wait()
         with ops.blocking():
             all_dims = ops.allgather_async(dims.reshape(1, -1).astype(np.int64), process_set=process_set).wait()
         offsets = all_dims[: ops.set_rank(process_set) or 0].sum(axis=0)

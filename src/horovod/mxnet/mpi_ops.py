@@ -56,11 +56,11 @@ def _allreduce(tensors: List[mx.nd.NDArray], in_place: bool, what: str, average:
             outputs = [_t.empty_like(t) for t in tensors]
         inputs, results = [_t.numpy_view(h) for h in hosts], [_t.numpy_view(o) for o in outputs]
         full_name = _name(what.rstrip("_"), name, process_set)
-        if what.startswith("grouped"):
-            ops.grouped_allreduce_async(inputs, results, full_name, op, prescale_factor, postscale_factor,
-                                        process_set).wait()
-        else:
-            with ops.blocking():
+        with ops.blocking():
+            if what.startswith("grouped"):
+                ops.grouped_allreduce_async(inputs, results, full_name, op, prescale_factor, postscale_factor,
+                                            process_set).wait()
+            else:
                 ops.allreduce_async(inputs[0], results[0], full_name, op, prescale_factor, postscale_factor,
                                     process_set).wait()
     if in_place:

@@ -102,8 +102,9 @@ def grouped_allreduce(tensors: Sequence[_np.ndarray], average: Optional[bool] = 
                       op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[_np.ndarray]:
     """Allreduce a list of arrays as one unit; returns new arrays."""
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
-                                               process_set))
+    with _ops.blocking():
+        return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                   process_set))
 
 
 def grouped_allreduce_async_(tensors: Sequence[_np.ndarray], average: Optional[bool] = None,
@@ -120,8 +121,9 @@ def grouped_allreduce_(tensors: Sequence[_np.ndarray], average: Optional[bool] =
                        op: Optional[ReduceOp] = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[_np.ndarray]:
     """Allreduce a list of arrays in place, as one unit."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                process_set))
+    with _ops.blocking():
+        return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                    postscale_factor, process_set))
 
 
 # ------------------------------------------------------------------ allgather

@@ -218,8 +218,9 @@ def _grouped_allreduce(tensors, name: Optional[str] = None, op: ReduceOp = Sum, 
     def fwd(*xs):
         def compute(outputs, *arrays):
             outs = [outputs.empty(i, a.shape, a.dtype) for i, a in enumerate(arrays)]
-            return _wait_all(ops.grouped_allreduce_async(list(arrays), outs, base, op, prescale_factor,
-                                                         postscale_factor, process_set))
+            with ops.blocking():
+                return _wait_all(ops.grouped_allreduce_async(list(arrays), outs, base, op, prescale_factor,
+                                                             postscale_factor, process_set))
 
         outs = _call(compute, xs, [x.dtype for x in xs], "HorovodGroupedAllreduce")
         outs = [_set_shape(o, x.shape) for o, x in zip(outs, xs)]

@@ -100,8 +100,9 @@ def grouped_allreduce_checked(tensors: Sequence, name: str, op: ReduceOp, presca
         def compute(outputs, *arrays):
             check()
             outs = [outputs.empty(i, a.shape, a.dtype) for i, a in enumerate(arrays)]
-            return list(ops.grouped_allreduce_async(list(arrays), outs, base, op, prescale_factor,
-                                                    postscale_factor, process_set).wait())
+            with ops.blocking():
+                return list(ops.grouped_allreduce_async(list(arrays), outs, base, op, prescale_factor,
+                                                        postscale_factor, process_set).wait())
 
         outs = graph_call.call(compute, xs, [x.dtype for x in xs], "HorovodGroupedAllreduce")
         outs = [mpi_ops._set_shape(o, x.shape) for o, x in zip(outs, xs)]

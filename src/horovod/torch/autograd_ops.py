@@ -96,15 +96,18 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                        process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
     """Allreduce a list of tensors in place, as one unit."""
     op = handle_average_backwards_compatibility(op, average)
-    return start_grouped_allreduce(tensors, tensors, name, op, prescale_factor, postscale_factor,
-                                   process_set).result()
+    with ops.blocking():
+        return start_grouped_allreduce(tensors, tensors, name, op, prescale_factor, postscale_factor,
+                                       process_set).result()
 
 
 def _grouped_allreduce_now(average, name, op, prescale_factor, postscale_factor, process_set,
                            *tensors) -> List[torch.Tensor]:
     """A grouped allreduce of ``tensors`` into new tensors (``hvd.grouped_allreduce``'s forward)."""
     op = handle_average_backwards_compatibility(op, average)
-    return start_grouped_allreduce(tensors, None, name, op, prescale_factor, postscale_factor, process_set).result()
+    with ops.blocking():
+        return start_grouped_allreduce(tensors, None, name, op, prescale_factor, postscale_factor,
+                                       process_set).result()
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):

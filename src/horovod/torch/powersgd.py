@@ -165,16 +165,16 @@ class PowerSGDState:
                process_set: ProcessSet) -> None:
         """One PowerSGD step for ``params`` (the deferred ones, the same on every rank; none before
         ``start_powerSGD_iter``): their approximated reduced gradients end up in ``p.grad``. Counts the step."""
-        from horovod.torch.mpi_ops import grouped_allreduce_async_, synchronize
+        from horovod.torch.mpi_ops import grouped_allreduce_
 
         if params:
             ordered = sorted(params, key=lambda p: self.names[p])
             grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in ordered]
             ps = self.compress([(self.names[p], g) for p, g in zip(ordered, grads)])
-            synchronize(grouped_allreduce_async_(ps, name=f"{self.tag}.p", op=Sum, process_set=process_set))
+            grouped_allreduce_(ps, name=f"{self.tag}.p", op=Sum, process_set=process_set)
             qs = self.project()
-            synchronize(grouped_allreduce_async_(qs, name=f"{self.tag}.q", op=op, prescale_factor=prescale,
-                                                 postscale_factor=postscale, process_set=process_set))
+            grouped_allreduce_(qs, name=f"{self.tag}.q", op=op, prescale_factor=prescale, postscale_factor=postscale,
+                               process_set=process_set)
             self.decompress()
             for p, grad in zip(ordered, grads):
                 if p.grad.is_sparse:

@@ -96,6 +96,30 @@ def single_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequen
     return request
 
 
+def group_requests(base: str, rtype: RequestType, dtypes: Sequence[DataType], shapes: Sequence[Sequence[int]],
+                   reduce_op: ReduceOp = ReduceOp.SUM, prescale: float = 1.0, postscale: float = 1.0,
+                   device: int = HOST) -> List[Request]:
+    """The requests of a grouped op's members (``base``: the group's name; member ``i`` of ``n`` is named
+    ``<base>_<i>of<n>``), the same list again for the same arguments, as :func:`single_request` keeps one (a
+    training step's grouped allreduce of 32 gradients built 32 requests per step)."""
+    n = len(dtypes)
+    key = (base, rtype, tuple(dtypes), tuple(shapes), reduce_op, prescale, postscale, device)
+    try:
+        requests = _requests.get(key)
+    except TypeError:               # a shape that does not hash (a list): nothing kept
+        requests = None
+        key = None
+    if requests is None:
+        requests = [make_request(f"{base}_{i}of{n}", rtype, dtype, shape, reduce_op, prescale, postscale,
+                                 group=base, group_size=n, device=device)
+                    for i, (dtype, shape) in enumerate(zip(dtypes, shapes))]
+        if key is not None:
+            if len(_requests) >= REQUESTS_KEPT:
+                _requests.clear()
+            _requests[key] = requests
+    return requests
+
+
 class TensorResponse:
     """The negotiated description of one tensor's collective, identical on every rank."""
 

@@ -95,7 +95,7 @@ class Engine:
         self.flight_ring = (flight.FlightRing(settings.flight_recorder_size, process_set_id, self.ranks, rank,
                                               flight.plane_namer(backend))
                             if settings.flight_recorder_size > 0 else None)
-        self.fast_entry: Optional[Entry] = None     # this rank's open fast round, if any
+        self.fast_entries: Tuple[Entry, ...] = ()     # this rank's open fast round's op (a group's members), if any
         self.carried_ops = 0            # carried collectives completed here (carried.py; tests and benchmarks read it)
         self.parks: List[loops.Park] = []    # rank 0's fast waits for its engine thread to tell the coordinator
         self.sleeping = False
@@ -186,36 +186,60 @@ class Engine:
                                  and carried.sends_input(entry.request, self.global_rank))
             self._admit([entry], post=True, waited=True)
             return
+        self._fast_round((entry,), key, None)
+
+    def submit_blocking_group(self, entries: List[Entry]) -> None:
+        """Submit a grouped allreduce whose caller waits for it right away (one submission, all or none).
+
+        Small host tensors together may then run as one grouped fast round (fast_rounds.py); otherwise, or when
+        the round does not match, the group goes the usual way.
+        """
+        fast = self.fast
+        key = None
+        if fast is not None and not self.hooks.batch and all(e.tensor is not None for e in entries):
+            key = fast.group_key(entries)
+        if key is None:
+            self._admit(entries, post=True, waited=True)
+            return
+        self._fast_round(tuple(entries), key, entries)
+
+    def _fast_round(self, entries: Tuple[Entry, ...], key: bytes, members: Optional[List[Entry]]) -> None:
+        """Run ``entries`` (one op, or a group's ``members``) as a fast round of ``key`` when this rank is idle,
+        else, or when the round does not match, through the coordinator; their handle is complete on return."""
+        fast, entry = self.fast, entries[0]
         with self.lock:
             # Idle: everything this rank submitted before was emitted by the coordinator, so every peer has
             # submitted it too (fast_rounds.py says why a round then always closes).
-            if (self.state is not _RUNNING or self.table or self.queue or self.fast_entry is not None
+            if (self.state is not _RUNNING or self.table or self.queue or self.fast_entries
                     or not fast.can_post_fast()):
                 k = 0
             else:
-                k = fast.post_fast(entry, key)
-                self.fast_entry = entry
+                k = fast.post_fast(entry, key) if members is None else fast.post_fast_group(members, key)
+                self.fast_entries = entries
                 if self.flight_ring is not None:
-                    self.flight_ring.submit((entry,), time.time())
+                    self.flight_ring.submit(entries, time.time())
         if not k:
-            self._admit([entry], post=True, waited=True)
+            self._admit(list(entries), post=True, waited=True)
             return
         fast.ring()
         try:
-            matched = fast.resolve(k, key, entry, self)
+            matched = fast.resolve(k, key, entry, self, members)
         except HorovodInternalError as exc:
             with self.lock:
-                self.fast_entry = None
-            flight.failed((entry,), time.time(), str(exc))
-            entry.handle.set_error(exc)
+                self.fast_entries = ()
+            flight.failed(entries, time.time(), str(exc))
+            for failed in entries:             # each part of a group's handle finishes
+                failed.handle.set_error(exc)
             return
         if matched:
             with self.lock:
-                self.fast_entry = None
-            flight.fast_round(entry.flight, time.time())
-            entry.handle.set_result(entry.index, entry.output)
+                self.fast_entries = ()
+            now = time.time()
+            for done in entries:
+                flight.fast_round(done.flight, now)
+                done.handle.set_result(done.index, done.output)
             return
-        self._admit([entry], post=False, waited=True)      # the round did not match: the coordinator decides
+        self._admit(list(entries), post=False, waited=True)      # the round did not match: the coordinator decides
 
     def _admit(self, entries: List[Entry], post: bool, waited: bool = False) -> None:
         """Put entries in the table and send their requests; ``post``: record the submission for the fast
@@ -226,16 +250,16 @@ class Engine:
         with self.lock:
             if self.state is EngineState.STOPPED:
                 if not post:
-                    self.fast_entry = None
+                    self.fast_entries = ()
                     flight.failed(entries, time.time(), str(self.error))
                 for entry in entries:
                     entry.handle.set_error(HorovodInternalError(str(self.error)))
                 return
             names = set()
-            pending = self.fast_entry if post else None
+            pending = self.fast_entries if post else ()
             for entry in entries:
                 name = entry.name
-                if name in self.table or name in names or (pending is not None and pending.name == name):
+                if name in self.table or name in names or any(p.name == name for p in pending):
                     op = RequestType(entry.request.rtype).name.lower()
                     raise ValueError(DUPLICATE_NAME_MESSAGE.format(op=op, name=name))
                 names.add(name)
@@ -243,7 +267,7 @@ class Engine:
                 if post:
                     fast.post_slow(seal=entries[0].request.rtype == RequestType.JOIN)
                 else:
-                    self.fast_entry = None
+                    self.fast_entries = ()
             if post and self.flight_ring is not None:
                 self.flight_ring.submit(entries, time.time())
             # A blocking call's answer is due within a round trip: the engine thread polls until it comes
@@ -583,7 +607,7 @@ class Engine:
         pending collectives are marked failed first) or "report" (a stall or deadlock report). Engine thread."""
         if kind == "abort":
             with self.lock:
-                pending = [*self._orphans, *self.table.values(), self.fast_entry]
+                pending = [*self._orphans, *self.table.values(), *self.fast_entries]
             flight.failed(pending, time.time(), message)
         for observer in self.hooks.incident:
             try:
@@ -598,10 +622,10 @@ class Engine:
         if fast is None:
             return
         deadline = time.monotonic() + 4 * fast_rounds.SLICE_SECONDS
-        while self.fast_entry is not None and time.monotonic() < deadline:
+        while self.fast_entries and time.monotonic() < deadline:
             time.sleep(fast_rounds.SLICE_SECONDS / 5)
         with self.lock:
-            if self.fast_entry is None:
+            if not self.fast_entries:
                 self.fast = None
                 fast.close()
 

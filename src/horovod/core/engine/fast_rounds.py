@@ -46,6 +46,12 @@ output and into the same segment of its own slot, which no peer reads in the fir
 for every peer's, and copies the peers' segments from their slots. Each rank reads the slots' bytes once instead
 of once per rank; the bits are the whole slots' reduction's.
 
+**Grouped rounds.** A blocking grouped allreduce (``hvd.grouped_allreduce``, TensorFlow's and Keras's gradient
+allreduces) is one submission, so one record: its members go into the slot one after another (each from a
+GROUP_ALIGN boundary), its key is a digest of the members' own keys (:func:`group_key_of`), and a matched round
+reduces each member's part of every slot into the member's output. Ranks whose groups differ in any member do not
+match, and send the group to the coordinator as they would have.
+
 **Waiting** polls, then sleeps on the set's doorbell (a futex, :mod:`horovod.backends.doorbell`), rung by every
 post; a sleeping rank raises its SLEEPING word, and a post makes the futex wake call only when some rank has. A
 waiter wakes at least every ``SLICE_SECONDS`` to see whether the engine stopped (an abort, a shutdown, a lost
@@ -59,6 +65,7 @@ store-then-load pair: a ring's bump before it reads the SLEEPING words, which a 
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import threading
@@ -125,6 +132,10 @@ DIRECT_MARK = b"|direct"        # ends a direct round's key
 # 256 KB 0.86-0.93, 512 KB 0.80-0.92.
 SPLIT_FROM = 256 << 10
 SPLIT_MARK = b"|split"          # ends a split round's key
+# A grouped allreduce's key starts so (a single op's starts with its request type's number), and each member's
+# part of a slot starts on a boundary of GROUP_ALIGN bytes (a cache line: numpy's kernels run at full speed there).
+GROUP_MARK = b"group|"
+GROUP_ALIGN = 64
 KEYS_KEPT = 1024                # tensor names whose keys (and reducescatter layouts) a rank keeps for the next round
 _FENCE = threading.Lock()       # acquired and released by ring(): a full memory barrier (locked instructions)
 T = TypeVar("T")
@@ -207,14 +218,49 @@ def key_of(request: Request, nbytes: int, ranks: Sequence[int] = (0, 1), direct:
         return None
     if rtype == RequestType.BROADCAST and request.root not in ranks:
         return None
-    # make_request gave the fields their wire types (ints, a list, floats), so they format as they are
-    key = (f"{rtype}|{request.name}|{request.dtype}|{request.shape}|{request.reduce_op}|"
-           f"{request.prescale!r}|{request.postscale!r}|{request.root}").encode()
+    key = _described(request)
     if direct:
         key += DIRECT_MARK
     elif split:
         key += SPLIT_MARK
     return key if len(key) <= KEY_ROOM else None
+
+
+def _described(request: Request) -> bytes:
+    """What a round's key says of one op: its type, name, dtype, shape, reduction, scale factors and root."""
+    # make_request gave the fields their wire types (ints, a list, floats), so they format as they are
+    return (f"{request.rtype}|{request.name}|{request.dtype}|{request.shape}|{request.reduce_op}|"
+            f"{request.prescale!r}|{request.postscale!r}|{request.root}").encode()
+
+
+def group_offsets(sizes: Sequence[int]) -> List[int]:
+    """Where each member of a grouped round starts in a slot (bytes), each on a GROUP_ALIGN boundary; the last
+    element is where the group ends."""
+    starts, at = [], 0
+    for nbytes in sizes:
+        starts.append(at)
+        at += -(-nbytes // GROUP_ALIGN) * GROUP_ALIGN
+    starts.append(at)
+    return starts
+
+
+def group_key_of(requests: Sequence[Request], sizes: Sequence[int], ranks: Sequence[int] = (0, 1)) -> Optional[bytes]:
+    """The key of a grouped round for a blocking grouped allreduce of host tensors (``sizes``: each member's
+    bytes), or None when it cannot go fast: every member an allreduce of a reduction a fast round knows, the
+    members together within a slot and, since every rank reduces every slot, within REDUCE_TOTAL_BYTES times the
+    ranks. The key is GROUP_MARK, the members' count and bytes, and a digest of every member's description: ranks
+    whose groups differ in any member, or in their order, do not match."""
+    size = len(ranks)
+    total = group_offsets(sizes)[-1]
+    if not requests or total > FAST_SLOT_BYTES or total * size > REDUCE_TOTAL_BYTES:
+        return None
+    digest = hashlib.blake2b(digest_size=20)
+    for request in requests:
+        if request.rtype != _ALLREDUCE or request.device or request.reduce_op not in _OPS:
+            return None
+        digest.update(_described(request))
+        digest.update(b"\n")
+    return GROUP_MARK + f"{len(requests)}|{total}|".encode() + digest.hexdigest().encode()
 
 
 class FastRounds:
@@ -266,6 +312,10 @@ class FastRounds:
         self._reductions: Dict[Tuple[bytes, int], Tuple[tuple, Callable[[np.ndarray], None]]] = {}
         self._splits: Dict[Tuple[bytes, int], Tuple[tuple, np.dtype, _Split]] = {}    # see _finish_split
         self._rows: Dict[Tuple[int, ...], Tuple[int, Tuple[int, ...]]] = {}   # a reducescatter's own rows
+        # Per group name, the last grouped round's key with what it was made from (see group_key), and per
+        # (round key, buffer) what a grouped round makes of the slots once (see _Group)
+        self._group_keys: Dict[str, Tuple[Tuple[Request, ...], Tuple[int, ...], Optional[bytes]]] = {}
+        self._groups: Dict[Tuple[bytes, int], _Group] = {}
 
     def close(self) -> None:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
@@ -278,6 +328,7 @@ class FastRounds:
         self._gathers.clear()
         self._reductions.clear()
         self._splits.clear()
+        self._groups.clear()
 
     def ring(self) -> None:
         """Wake the peers waiting on a round (a no-op once closed). The futex wake, most of a ring's cost, is made
@@ -306,10 +357,24 @@ class FastRounds:
         _keep(self._keys, request.name, (request, nbytes, self.roomy, key))
         return key
 
+    def group_key(self, entries: Sequence[Entry]) -> Optional[bytes]:
+        """The grouped round's key for a blocking grouped allreduce's ``entries`` on this set
+        (:func:`group_key_of`, kept per group name), or None when it cannot go fast."""
+        requests = tuple(e.request for e in entries)
+        sizes = tuple(e.tensor.nbytes for e in entries)
+        name = requests[0].group
+        made = self._group_keys.get(name)
+        if made is not None and made[1] == sizes and made[0] == requests:
+            return made[2]
+        key = group_key_of(requests, sizes, self.ranks)
+        _keep(self._group_keys, name, (requests, sizes, key))
+        return key
+
     def forget_keys(self) -> None:
         """Drop the keys kept per tensor name, so that the next rounds choose their path afresh (a benchmark that
         changes this module's thresholds mid-run, benchmarks/fast_round_ab.py)."""
         self._keys.clear()
+        self._group_keys.clear()
 
     # ------------------------------------------------------------------ posting (engine lock held)
     def can_post_fast(self) -> bool:
@@ -346,6 +411,21 @@ class FastRounds:
                 mine[OUT_ADDRESS + b] = cma.shared_address(self._posted_output, besides=at)
         else:
             self._copy_in(entry, key, b)
+        return self._post_key(key, k)
+
+    def post_fast_group(self, entries: Sequence[Entry], key: bytes) -> int:
+        """Post this rank's next record as FAST for a grouped allreduce's ``entries`` (one submission): each
+        member's input, prescaled, into its part of the round's slot; returns the round."""
+        k = self.count + 1
+        group = self._group(key, k % 2, entries)
+        for entry, view, prescale in zip(entries, group.inputs, group.prescales):
+            scaled_copy(view, entry.tensor, prescale)
+        return self._post_key(key, k)
+
+    def _post_key(self, key: bytes, k: int) -> int:
+        """Publish round ``k``'s key and the record (the data is in place): the last steps of a FAST post."""
+        b = k % 2
+        mine = self.words[self.rank]
         if key is not self._header_keys[b]:         # a repeated op's key (the same object) is there already
             at = KEY_OFFSET + b * KEY_ROOM
             self.header_bytes[self.rank][at:at + len(key)] = key
@@ -355,6 +435,13 @@ class FastRounds:
         mine[COUNT] = self.count = k
         self.last_fast[b] = k
         return k
+
+    def _group(self, key: bytes, b: int, entries: Sequence[Entry]) -> _Group:
+        """What a grouped round of ``key`` makes of slot ``b`` (made once per key and buffer, and kept)."""
+        group = self._groups.get((key, b))
+        if group is None:
+            group = _keep(self._groups, (key, b), _Group(self, b, entries))
+        return group
 
     def _copy_in(self, entry: Entry, key: bytes, b: int) -> None:
         """This rank's input, prescaled, into its slot ``b`` (a broadcast's other ranks send nothing), through a
@@ -380,8 +467,10 @@ class FastRounds:
         mine[COUNT] = self.count
 
     # ------------------------------------------------------------------ a round
-    def resolve(self, k: int, key: bytes, entry: Entry, engine: Parking) -> bool:
-        """Wait for every peer's k-th record; when all match, reduce into ``entry.output`` and return True.
+    def resolve(self, k: int, key: bytes, entry: Entry, engine: Parking,
+                members: Optional[Sequence[Entry]] = None) -> bool:
+        """Wait for every peer's k-th record; when all match, reduce into ``entry.output`` (a grouped round:
+        into each of ``members``' outputs; ``entry`` is the first) and return True.
 
         False: the round did not match, and the op must go to the coordinator. Raises HorovodInternalError when
         the engine stops meanwhile, or when a direct round's cross-memory copy fails.
@@ -406,7 +495,10 @@ class FastRounds:
         if not matched:
             words[self.rank][RESOLVED] = k
             return False
-        if posted is None:
+        if members is not None:
+            self._groups[(key, b)].finish(members)
+            words[self.rank][RESOLVED] = k
+        elif posted is None:
             if key.endswith(SPLIT_MARK):
                 self._finish_split(entry, b, key, k, engine)
                 self.split += 1
@@ -732,6 +824,42 @@ class _Split:
         self.reduce = in_order(views, op, postscale)
         self.published = views[me]
         self.peers = [(slice(starts[p], starts[p] + counts[p]), segment(p)[p]) for p in rounds.peers]
+
+
+class _Group:
+    """What a grouped round (:meth:`FastRounds.post_fast_group`) of one key on one buffer needs: each member's
+    part of this rank's slot shaped as its input, its prescale factor, and the reduction of that part of every
+    slot (in rank order: the data plane's bits), made for the member's output shape when first used."""
+
+    __slots__ = ("inputs", "prescales", "parts", "ops", "reductions")
+
+    def __init__(self, rounds: FastRounds, b: int, entries: Sequence[Entry]) -> None:
+        starts = group_offsets([e.tensor.nbytes for e in entries])
+        self.inputs: List[np.ndarray] = []
+        self.prescales: List[float] = []
+        self.parts: List[List[np.ndarray]] = []          # per member, every rank's part of its slot, flat
+        self.ops: List[Tuple[ReduceOp, float]] = []        # per member, the backend op and postscale factor
+        self.reductions: List[Optional[Tuple[tuple, Callable[[np.ndarray], None]]]] = []
+        for entry, start in zip(entries, starts):
+            tensor, request = entry.tensor, entry.request
+            views = [pair[b][start:start + tensor.nbytes].view(tensor.dtype) for pair in rounds.slots]
+            self.inputs.append(views[rounds.rank].reshape(tensor.shape))
+            self.prescales.append(float(request.prescale))
+            self.parts.append(views)
+            self.ops.append(summed(request.reduce_op, float(request.postscale), rounds.size))
+            self.reductions.append(None)
+
+    def finish(self, entries: Sequence[Entry]) -> None:
+        """Every member's parts of the slots reduced into its output."""
+        reductions = self.reductions
+        for i, entry in enumerate(entries):
+            out = entry.output
+            made = reductions[i]
+            if made is None or made[0] != out.shape:
+                op, postscale = self.ops[i]
+                made = reductions[i] = (out.shape, in_order([v.reshape(out.shape) for v in self.parts[i]], op,
+                                                            postscale))
+            made[1](out)
 
 
 def _root_output(entry: Entry) -> None:
