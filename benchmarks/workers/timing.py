@@ -74,3 +74,12 @@ def time_step(step: Callable[[], None], barrier: Callable[[], None], agree: Opti
 def write(path: str, rows: Dict) -> None:
     with open(path, "w") as f:
         json.dump(rows, f)
+
+
+def finish_job(out: str, rows: Dict, rank: int, shutdown: Optional[Callable[[], None]] = None) -> None:
+    """The end of a worker: rank 0 writes ``rows`` to ``out``, then every rank calls ``shutdown`` (Horovod's,
+    in a job under horovodrun)."""
+    if rank == 0:
+        write(out, rows)
+    if shutdown is not None:
+        shutdown()

@@ -41,9 +41,15 @@ def shard(t, rank):
 
 
 def spy(monkeypatch):
-    """Record which allreduce path the optimizer takes for each gradient."""
+    """Record which allreduce path the optimizer takes for each gradient (a small dense one may go in the grouped
+    allreduce of small gradients, see DistributedOptimizer._small_gradients)."""
     calls = []
     dense, sparse = hvd_optimizer.allreduce_async_, hvd_optimizer.sparse_allreduce_async
+    grouped = hvd_optimizer.grouped_allreduce_
+
+    def grouped_spy(tensors, *args, **kwargs):
+        calls.extend(("dense", t.is_sparse) for t in tensors)
+        return grouped(tensors, *args, **kwargs)
 
     def dense_spy(tensor, *args, **kwargs):
         calls.append(("dense", tensor.is_sparse))
@@ -55,6 +61,7 @@ def spy(monkeypatch):
 
     monkeypatch.setattr(hvd_optimizer, "allreduce_async_", dense_spy)
     monkeypatch.setattr(hvd_optimizer, "sparse_allreduce_async", sparse_spy)
+    monkeypatch.setattr(hvd_optimizer, "grouped_allreduce_", grouped_spy)
     return calls
 
 

@@ -18,7 +18,7 @@ from horovod.backends import device_ipc
 from horovod.common.types import DataType, ReduceOp, RequestType, data_type_of
 from horovod.core import basics
 from horovod.core.controller.messages import HOST, group_requests, make_request, single_request
-from horovod.core.engine import Entry, output_pool
+from horovod.core.engine import Entry, fast_rounds, output_pool
 from horovod.core.engine.handles import Handle
 from horovod.core.process_sets import ProcessSet
 
@@ -167,6 +167,31 @@ def _check_scale(dtype: DataType, prescale_factor: float, postscale_factor: floa
     if dtype == _BOOL and (prescale_factor != 1.0 or postscale_factor != 1.0):
         raise ValueError(f"{what} cannot apply prescale_factor or postscale_factor to bool tensors; leave them "
                          "at 1.0 or cast the tensor to a numeric type.")
+
+
+def has_fast_rounds(process_set: Optional[ProcessSet] = None) -> bool:
+    """Whether a small blocking collective on ``process_set`` may take a fast round (core/engine/fast_rounds.py):
+    every rank of the set shares this host and ``HOROVOD_FAST_ROUNDS`` is on. The same on every rank of the set
+    (with that variable set alike)."""
+    return _engine(process_set).fast is not None
+
+
+def fast_group(sizes: Sequence[int], process_set: Optional[ProcessSet] = None) -> List[int]:
+    """Which of several host tensors (``sizes``: bytes each) one blocking grouped allreduce on ``process_set`` can
+    take in a single fast round (core/engine/fast_rounds.py, grouped rounds): their indices, smallest tensors
+    first (in index order among equal sizes), as many as fit together; none where the set has no fast rounds
+    (its ranks span hosts, ``HOROVOD_FAST_ROUNDS=0``). The answer depends only on the sizes and the set, so every
+    rank of the set gets the same one for the same sizes (set HOROVOD_FAST_ROUNDS alike on every rank)."""
+    if not has_fast_rounds(process_set):
+        return []
+    room = fast_rounds.group_capacity(_engine(process_set).size)
+    chosen = []
+    for i in sorted(range(len(sizes)), key=lambda i: (sizes[i], i)):
+        room -= fast_rounds.group_offsets([sizes[i]])[-1]
+        if room < 0:
+            break
+        chosen.append(i)
+    return sorted(chosen)
 
 
 def _engine(process_set: Optional[ProcessSet] = None):

@@ -244,15 +244,20 @@ def group_offsets(sizes: Sequence[int]) -> List[int]:
     return starts
 
 
+def group_capacity(size: int) -> int:
+    """The most bytes a grouped round's members may take together (see :func:`group_offsets`) at ``size``
+    ranks: a slot, and REDUCE_TOTAL_BYTES read per rank."""
+    return min(FAST_SLOT_BYTES, REDUCE_TOTAL_BYTES // size)
+
+
 def group_key_of(requests: Sequence[Request], sizes: Sequence[int], ranks: Sequence[int] = (0, 1)) -> Optional[bytes]:
     """The key of a grouped round for a blocking grouped allreduce of host tensors (``sizes``: each member's
     bytes), or None when it cannot go fast: every member an allreduce of a reduction a fast round knows, the
     members together within a slot and, since every rank reduces every slot, within REDUCE_TOTAL_BYTES times the
     ranks. The key is GROUP_MARK, the members' count and bytes, and a digest of every member's description: ranks
     whose groups differ in any member, or in their order, do not match."""
-    size = len(ranks)
     total = group_offsets(sizes)[-1]
-    if not requests or total > FAST_SLOT_BYTES or total * size > REDUCE_TOTAL_BYTES:
+    if not requests or total > group_capacity(len(ranks)):
         return None
     digest = hashlib.blake2b(digest_size=20)
     for request in requests:
