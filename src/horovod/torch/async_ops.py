@@ -134,9 +134,10 @@ def start_grouped_allreduce(tensors: Sequence[torch.Tensor], outputs: Optional[S
         return Pending(handle, _returns(outputs), (tensors, outputs))
     host_in = [to_host(t) for t in tensors]
     host_out = [hi if o is t else to_host(o) for t, o, hi in zip(tensors, outputs, host_in)]
-    handle = ops.grouped_allreduce_async([numpy_view(t) for t in host_in], [numpy_view(o) for o in host_out],
-                                         _name("grouped_allreduce", name, process_set), op, prescale_factor, postscale_factor,
-                                         process_set)
+    arrays_in = [numpy_view(t) for t in host_in]
+    arrays_out = [a if ho is hi else numpy_view(ho) for a, hi, ho in zip(arrays_in, host_in, host_out)]   # in place
+    handle = ops.grouped_allreduce_async(arrays_in, arrays_out, _name("grouped_allreduce", name, process_set), op,
+                                         prescale_factor, postscale_factor, process_set)
 
     def finish(_):
         for out, ho in zip(outputs, host_out):
