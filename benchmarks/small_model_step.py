@@ -3,10 +3,11 @@
 Runs ``benchmarks/workers/small_model_step.py`` under this project's ``horovodrun`` and under ``torchrun``,
 alternately ``--repeats`` times, and prints per model (MLP layer widths) the median step time of each, the same
 step with no collective (a local copy of the model: what the cores cost), what the exchange adds to a step
-(step - local), and ours over DDP. Small models are where a step is mostly the gradients' hand-offs: on one host
+(step - local), and ours over DDP; with ``--keras``, the same models in Keras 3 on TensorFlow with
+``horovod.keras.DistributedOptimizer`` (no peer: against its local step). Small models are where a step is mostly the gradients' hand-offs: on one host
 their gradients go in one fast round at ``step()`` (docs/torch.md).
 
-    python benchmarks/small_model_step.py [--np 2] [--models "784,128,10;256,64,64,10"] [--repeats 3]
+    python benchmarks/small_model_step.py [--np 2] [--models "784,128,10;256,64,64,10"] [--repeats 3] [--keras]
 """
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ def report(runs: List[Dict[str, dict]], np: int) -> List[str]:
         else:
             cells += ["–", "–", f"{hvd_extra:.0f}", "–", "–"]
         lines.append("| " + " | ".join(cells) + " |")
+    keras = [run["keras"]["results"] for run in runs if "keras" in run]
+    if keras:
+        lines += ["", "Keras 3 on TensorFlow, horovod.keras.DistributedOptimizer (µs per step)", "",
+                  "| model (widths) | parameters / tensors | horovod step | its local step | horovod − local |",
+                  "|---|---|---|---|---|"]
+        for label in keras[0]:
+            step = [r[label]["step"] * 1e6 for r in keras]
+            local = [r[label]["local"] * 1e6 for r in keras]
+            lines.append(f"| {label} | {keras[0][label]['parameters']} / {keras[0][label]['tensors']} | {cell(step)} "
+                         f"| {cell(local)} | {statistics.median(step) - statistics.median(local):.0f} |")
     return lines
 
 
@@ -59,12 +70,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_options(parser)
     parser.add_argument("--models", default=MODELS, help="layer widths per model, models separated by ';'")
+    parser.add_argument("--keras", action="store_true", help="also the same models in Keras 3 on TensorFlow")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per round")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = [str(opts.rounds), str(opts.steps)]
     jobs = {"hvd": lambda out: horovod_cmd(opts.np, ["-m", WORKER, "hvd", str(out), opts.models, *args]),
             "ddp": lambda out: torchrun_cmd(opts.np, ["-m", WORKER, "ddp", str(out), opts.models, *args])}
+    if opts.keras:
+        jobs["keras"] = lambda out: horovod_cmd(opts.np, ["-m", WORKER, "keras", str(out), opts.models, *args])
     runs = alternate(jobs, opts.repeats, opts.timeout)
     return finish(runs, lambda r: report(r, opts.np), vars(opts), opts.json)
 
