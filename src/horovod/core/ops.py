@@ -182,12 +182,13 @@ def fast_group(sizes: Sequence[int], process_set: Optional[ProcessSet] = None) -
     first (in index order among equal sizes), as many as fit together; none where the set has no fast rounds
     (its ranks span hosts, ``HOROVOD_FAST_ROUNDS=0``). The answer depends only on the sizes and the set, so every
     rank of the set gets the same one for the same sizes (set HOROVOD_FAST_ROUNDS alike on every rank)."""
-    if not has_fast_rounds(process_set):
+    engine = _engine(process_set)
+    if engine.fast is None:         # no fast rounds on this set (has_fast_rounds)
         return []
-    room = fast_rounds.group_capacity(_engine(process_set).size)
+    room = fast_rounds.group_capacity(engine.size)
     chosen = []
     for i in sorted(range(len(sizes)), key=lambda i: (sizes[i], i)):
-        room -= fast_rounds.group_offsets([sizes[i]])[-1]
+        room -= fast_rounds.group_room(sizes[i])
         if room < 0:
             break
         chosen.append(i)

@@ -113,9 +113,7 @@ class UnusedParameters:
             # next step's gradients from a fast round of their own.
             with ops.blocking():
                 summed = ops.allreduce_async(vector, vector, self.tensor_name, Sum, process_set=self.process_set).wait()
-            masks = presence.RankMasks(summed, size)
-            if masks.any_missing() or self._in_a_row.any():
-                self._examine(self.step, masks)
+            self._read(self.step, presence.RankMasks(summed, size))
             return
         handle = ops.allreduce_async(vector, vector, self.tensor_name, Sum, process_set=self.process_set)
         housekeeping.track(self.process_set.process_set_id or 0, handle)
@@ -135,10 +133,13 @@ class UnusedParameters:
         self._pending = None
         if generation != basics.generation():
             return True
-        masks = presence.RankMasks(handle.wait(), size)
-        if masks.any_missing() or self._in_a_row.any():     # else the usual step: nothing to report
-            self._examine(step, masks)
+        self._read(step, presence.RankMasks(handle.wait(), size))
         return True
+
+    def _read(self, step: int, masks: presence.RankMasks) -> None:
+        """Report what ``step``'s summed masks show, if anything (the usual step: nothing to report)."""
+        if masks.any_missing() or self._in_a_row.any():
+            self._examine(step, masks)
 
     def _examine(self, step: int, masks: presence.RankMasks) -> None:
         """Report ``step``'s parameters missing on some ranks (the first time for each) and the ones missing

@@ -71,8 +71,17 @@ def make_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence
                    None if splits is None else [int(s) for s in splits], int(device))
 
 
-REQUESTS_KEPT = 1024           # single-tensor requests kept for the next identical call (see single_request)
+REQUESTS_KEPT = 1024           # requests kept for the next identical call (see single_request, group_requests)
 _requests: dict = {}
+
+
+def _keep(key: tuple, made):
+    """Keep ``made`` (a request, or a group's list of them) under ``key`` for the next identical call, and return
+    it; the memo starts over once it holds ``REQUESTS_KEPT``."""
+    if len(_requests) >= REQUESTS_KEPT:
+        _requests.clear()
+    _requests[key] = made
+    return made
 
 
 def single_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequence[int],
@@ -89,10 +98,8 @@ def single_request(name: str, rtype: RequestType, dtype: DataType, shape: Sequen
     except TypeError:               # a shape that does not hash (a list): nothing kept
         return make_request(name, rtype, dtype, shape, reduce_op, prescale, postscale, root, device=device)
     if request is None:
-        if len(_requests) >= REQUESTS_KEPT:
-            _requests.clear()
-        request = _requests[key] = make_request(name, rtype, dtype, shape, reduce_op, prescale, postscale, root,
-                                                device=device)
+        request = _keep(key, make_request(name, rtype, dtype, shape, reduce_op, prescale, postscale, root,
+                                          device=device))
     return request
 
 
@@ -107,16 +114,13 @@ def group_requests(base: str, rtype: RequestType, dtypes: Sequence[DataType], sh
     try:
         requests = _requests.get(key)
     except TypeError:               # a shape that does not hash (a list): nothing kept
-        requests = None
-        key = None
+        requests, key = None, None
     if requests is None:
         requests = [make_request(f"{base}_{i}of{n}", rtype, dtype, shape, reduce_op, prescale, postscale,
                                  group=base, group_size=n, device=device)
                     for i, (dtype, shape) in enumerate(zip(dtypes, shapes))]
         if key is not None:
-            if len(_requests) >= REQUESTS_KEPT:
-                _requests.clear()
-            _requests[key] = requests
+            _keep(key, requests)
     return requests
 
 

@@ -239,9 +239,14 @@ def group_offsets(sizes: Sequence[int]) -> List[int]:
     starts, at = [], 0
     for nbytes in sizes:
         starts.append(at)
-        at += -(-nbytes // GROUP_ALIGN) * GROUP_ALIGN
+        at += group_room(nbytes)
     starts.append(at)
     return starts
+
+
+def group_room(nbytes: int) -> int:
+    """The bytes a member of ``nbytes`` takes in a grouped round's slot: up to the next GROUP_ALIGN boundary."""
+    return -(-nbytes // GROUP_ALIGN) * GROUP_ALIGN
 
 
 def group_capacity(size: int) -> int:
