@@ -466,8 +466,8 @@ def test_broadcast_optimizer_state_with_a_frozen_parameter(wrapped):
 
 def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monkeypatch):
     """Where the ranks share a host, the gradients that fit one fast round together (smallest first) wait for
-    ``step()`` and go in one blocking grouped allreduce, a fast round, and the unused-parameter sum in a second
-    one; a gradient that does not fit with them (0.96 MB, where a round takes 1 MB at 2 ranks, 512 KB at 4) still
+    ``step()`` and go in one blocking grouped allreduce, a fast round, with the unused-parameter flag (no
+    parameter lacks a gradient, so no masks round follows); a gradient that does not fit with them (0.96 MB, where a round takes 1 MB at 2 ranks, 512 KB at 4) still
     starts from its hook. The numbers are one process's on the global batch."""
     from horovod.core import basics, ops
     from horovod.core.engine.fast_rounds import SEALED
@@ -507,6 +507,6 @@ def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monk
     if grouped:
         assert set(started) == {"wide.0.weight"}, started       # the rest (480 KB) fit one round together
         if not sealed:
-            assert fast.matched == matched + 2 * len(steps)     # per step: the small gradients, and the sum
+            assert fast.matched == matched + len(steps)         # per step: the small gradients and the flag
     else:
         assert len(started) == 5 * len(steps), started          # every gradient from its hook

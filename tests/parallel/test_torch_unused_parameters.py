@@ -179,3 +179,44 @@ def test_two_optimizers_with_the_same_parameter_names_step_one_after_the_other(w
     if hvd.rank() == 0:
         assert len(about(warnings_logged, "parameters 'head.bias', 'head.weight' got no gradient")) == 2, \
             warnings_logged
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"op": hvd.Sum}, {"gradient_predivide_factor": 4.0}],
+                         ids=["average", "sum", "predivide"])
+def test_the_count_that_goes_with_the_small_gradients_finds_a_parameter_unused_on_some_ranks(warnings_logged, kwargs):
+    """Where the small gradients take one fast round at ``step()``, each rank's count of parameters without a
+    gradient goes with them: a step where every rank has every gradient is that one round, and a step where some
+    ranks lack one still exchanges the masks (a second round) and names the ranks in that step, whatever the op
+    and scale factors."""
+    if hvd.size() == 1:
+        pytest.skip("needs two ranks")
+    from horovod.core import basics
+    from horovod.core.engine.fast_rounds import SEALED
+
+    fast = basics.engine_for(None).fast
+    # A join earlier in the job seals the fast rounds (every op then goes through the coordinator)
+    counting = ops.has_fast_rounds() and not (fast.off or any(words[SEALED] for words in fast.words))
+    model, opt = make(use_branch=True, **kwargs)
+    before = fast.matched if counting else 0
+
+    def step(with_branch):
+        opt.zero_grad()
+        x = torch.ones(3, 4)
+        out = model.shared(x) + model.head(x)
+        (out + model.branch(x) if with_branch else out).sum().backward()
+        opt.step()
+
+    for _ in range(2):
+        step(True)
+    if counting:
+        assert fast.matched == before + 2, "a step with every gradient everywhere is one round"
+    step(hvd.rank() % 2 == 0)
+    if counting:
+        assert fast.matched == before + 4, "a step with a gradient missing somewhere adds the masks round"
+    odd, even = odd_and_even()
+    expected = (f"parameters 'branch.bias', 'branch.weight' got no gradient on rank(s) {odd} but did on rank(s) "
+                f"{even} at step 3.")
+    if hvd.rank() == 0:
+        assert len(about(warnings_logged, expected)) == 1, warnings_logged
+    else:
+        assert warnings_logged == []

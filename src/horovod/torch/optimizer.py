@@ -25,6 +25,7 @@ from horovod.torch.compression import Compression
 from horovod.torch.mpi_ops import (
     Adasum,
     Average,
+    Sum,
     allreduce_async_,
     grouped_allreduce_,
     grouped_allreduce_async_,
@@ -46,6 +47,7 @@ log = logging.getLogger("horovod.torch")  # a named channel: see horovod.common.
 # Marks, in ``_handles``, a gradient kept for synchronize()'s one blocking grouped allreduce of small gradients.
 SMALL = object()
 SMALL_GROUP_NAME = "DistributedOptimizer.small_gradients"
+_FLAG_BYTES = 4         # the unused-parameter flag that goes with them (float32)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -80,7 +82,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # The gradients exchanged together at synchronize() (see _small_gradients), planned per engine: the host
         # parameters outside any group, in the order the optimizer holds them.
         self._small_candidates = [p for p in all_params if p.requires_grad and p.is_cpu and p not in self._group_of]
-        self._small_plan: Tuple[object, set, List[torch.Tensor]] = (None, set(), [])
+        self._small_plan: Tuple[object, set, List[torch.Tensor], bool] = (None, set(), [], False)
+        self._flag = torch.zeros(1, dtype=torch.float32)     # see _small_allreduce
         if process_set.included() and (size() > 1 or config.get("HOROVOD_ELASTIC")):
             self._register_hooks()
 
@@ -152,28 +155,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         engine = basics.engine_for(self.process_set)
         if self._small_plan[0] is not engine:
             chosen: List[torch.Tensor] = []
+            flag = False
             if self.op != Adasum and self._powersgd is None:
                 candidates = self._small_candidates
-                sizes = [p.numel() * p.element_size() for p in candidates]
-                chosen = [candidates[i] for i in ops.fast_group(sizes, self.process_set)]
-            self._small_plan = (engine, set(chosen), chosen)
+                # The unused-parameter flag (index 0) is planned with them, so that every rank plans its room alike
+                sizes = [_FLAG_BYTES] + [p.numel() * p.element_size() for p in candidates]
+                fitting = ops.fast_group(sizes, self.process_set)
+                chosen = [candidates[i - 1] for i in fitting if i]
+                flag = bool(chosen) and 0 in fitting and self.op in (Average, Sum)
+            self._small_plan = (engine, set(chosen), chosen, flag)
         return self._small_plan[1], self._small_plan[2]
 
-    def _small_allreduce(self, params: List[torch.Tensor]) -> None:
+    def _small_allreduce(self, params: List[torch.Tensor], missing: List[torch.Tensor]) -> Optional[float]:
         """Allreduce ``params``' gradients (kept by their hooks) in one blocking grouped allreduce, and write the
-        results into ``p.grad`` (see _small_gradients)."""
-        originals, compressed = [], []
+        results into ``p.grad`` (see _small_gradients).
+
+        Where the plan has room for it (op Average or Sum), one more member goes with them: how many of the
+        parameters ``missing`` (no gradient on this rank) the unused-parameter check follows, as a float32. Its
+        reduction, returned, is zero exactly when no rank missed any (non-negative counts, positive scale
+        factors), so the usual step needs no round of its own for that check (UnusedParameters.record); None
+        when the flag did not go."""
+        originals, tensors, contexts = [], [], []
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
             originals.append(grad)
-            compressed.append(self._compression.compress(grad))
+            tensor, ctx = self._compression.compress(grad)
+            tensors.append(tensor)
+            contexts.append(ctx)
+        flag = self._small_plan[3]
+        if flag:
+            self._flag.fill_(self._unused.count(missing))
+            tensors.append(self._flag)
         prescale, postscale = self._scale_factors()
-        grouped_allreduce_([c for c, _ in compressed], name=SMALL_GROUP_NAME, op=self.op, prescale_factor=prescale,
+        grouped_allreduce_(tensors, name=SMALL_GROUP_NAME, op=self.op, prescale_factor=prescale,
                            postscale_factor=postscale, process_set=self.process_set)
-        for p, (tensor, ctx), original in zip(params, compressed, originals):
+        for p, tensor, ctx, original in zip(params, tensors, contexts, originals):
             self._write_back(p, tensor, ctx, tensor, original)
+        return float(self._flag[0]) if flag else None
 
     def _keeps(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s gradient waits for synchronize()'s grouped allreduce of small gradients: ``p`` is one
@@ -252,10 +272,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         # The small gradients last, once this rank has nothing else in flight: one fast round takes them then.
         small = [p for p in self._small_gradients()[1] if self._handles.get(p, (None,))[0] is SMALL]
-        if small:
-            self._small_allreduce(small)
+        missing_anywhere = self._small_allreduce(small, missing) if small else None
         self._handles.clear()
-        self._unused.record(missing)
+        self._unused.record(missing, missing_anywhere)
         self._synchronized = True
 
     def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx, compressed, original) -> None:
