@@ -95,6 +95,29 @@ def test_mismatched_broadcast_roots_three_ranks(tmp_path):
         assert "AFTER [3.0, 3.0]" in rank_lines(result.stdout, r)
 
 
+@pytest.mark.parametrize("np_, variable, value, theirs, odd", [
+    (2, "HOROVOD_FAST_ROUNDS", "0", "True", "False"),
+    (3, "HOROVOD_TCP_ALLREDUCE_ALGORITHM", "ring", "'auto'", "'ring'"),
+])
+def test_a_setting_that_must_be_alike_but_differs_fails_every_rank_at_init_naming_it(np_, variable, value, theirs,
+                                                                                       odd):
+    """A rank whose environment chooses another way to exchange data (one rank with fast rounds off, say) would
+    wait for the others for ever at its first collective; instead every rank's ``hvd.init`` raises at once,
+    naming the variable and which ranks have which value."""
+    started = time.monotonic()
+    result = horovodrun(np_, worker("unalike.py", 1, variable, value), timeout=TIMEOUT,
+                        env=clean_env())
+    assert time.monotonic() - started < 60, result.stdout[-3000:]
+    others = "rank 0" if np_ == 2 else "ranks 0, 2"
+    for r in range(np_):
+        lines = [line for line in rank_lines(result.stdout, r) if line.startswith(("ERROR", "STARTED"))]
+        assert len(lines) == 1 and lines[0].startswith("ERROR ValueError"), result.stdout[-3000:]
+        assert "These settings differ between the ranks of this job" in lines[0], lines[0]
+        assert re.search(rf"{variable}: {others} \(host [^)]+\) ha(s|ve) {re.escape(theirs)}; rank 1 \(host [^)]+\) "
+                         rf"has {re.escape(odd)}", lines[0]), lines[0]
+        assert "horovodrun passes its own environment to every rank" in lines[0], lines[0]
+
+
 # ---------------------------------------------------------------------------------------------- intruders
 def _attack(state_dir, outcome):
     """Wait for the job's rendezvous port, then knock on it without the secret, with garbage, and hang up."""

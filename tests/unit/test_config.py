@@ -185,3 +185,25 @@ def test_unset_inert_knobs_are_not_logged(caplog, fresh_inert_log):
     with caplog.at_level(logging.DEBUG, logger="horovod.common.config"):
         config.log_inert_knobs({"HOROVOD_TORUS_ALLREDUCE": "1"})
     assert "HOROVOD_TORUS_ALLREDUCE" in caplog.text
+
+
+def test_alike_values_compare_what_the_settings_mean():
+    """``1`` and ``true`` mean the same; an unset HOROVOD_HIERARCHICAL_ALLREDUCE (hierarchical across hosts) is not
+    an explicit ``0`` (one flat ring), though both parse to False."""
+    on, true = config.alike_values({"HOROVOD_FAST_ROUNDS": "1"}), config.alike_values({"HOROVOD_FAST_ROUNDS": "true"})
+    assert on == true and on["HOROVOD_FAST_ROUNDS"] == "True"
+    assert config.alike_values({})["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "unset"
+    assert config.alike_values({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"})["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "False"
+    assert "HOROVOD_CYCLE_TIME" not in on          # the coordinator's own choice: ranks may differ
+    assert config.disagreement([on, true, config.alike_values({})]) is None
+
+
+def test_a_disagreement_names_each_setting_and_which_ranks_have_which_value():
+    base = config.alike_values({})
+    odd = config.alike_values({"HOROVOD_FAST_ROUNDS": "0", "HOROVOD_TCP_CHUNK_BYTES": "65536"})
+    message = config.disagreement([base, odd, base, None], ["a", "b", "a", "c"])
+    assert message.startswith("These settings differ between the ranks of this job")
+    assert "HOROVOD_FAST_ROUNDS: ranks 0, 2 (host a) have True; rank 1 (host b) has False" in message
+    assert "HOROVOD_TCP_CHUNK_BYTES: ranks 0, 2 (host a) have 1048576; rank 1 (host b) has 65536" in message
+    assert "HOROVOD_CACHE_CAPACITY" not in message and "rank 3" not in message     # alike, and sent nothing
+    assert "export each with -x NAME" in message

@@ -25,7 +25,7 @@ import psutil
 
 from horovod.backends import spin
 from horovod.backends.comm import enlarge_buffers
-from horovod.common import wire
+from horovod.common import config, wire
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.kvstore import KVStoreClient
 from horovod.common.topology import Topology
@@ -230,9 +230,14 @@ def build_mesh(topo: Topology, key: bytes, publish: Publish, generation: Generat
     control: Dict[int, socket.socket] = {}
     try:
         me = {"host": topo.hostname, "addr": bind_addr, "port": listeners[0].getsockname()[1], "uds": uds_name,
-              "rank": rank, "size": size, "machine": spin.machine_id()}
+              "rank": rank, "size": size, "machine": spin.machine_id(), "alike": config.alike_values()}
         infos = publish(me, max(0.1, deadline - time.monotonic()))
         hosts = [i["host"] for i in infos]
+        # Settings that choose how ranks exchange data: ranks that differ would wait for each other for ever, so
+        # every rank (each has every rank's values) fails here, naming them.
+        differ = config.disagreement([i.get("alike") for i in infos], hosts)
+        if differ is not None:
+            raise ValueError(differ)
         on_machine = sum(1 for i in infos if i.get("machine") == infos[rank].get("machine"))
         _connect_peers(topo, key, generation, connect_timeout, listeners, infos, data, control)
     except BaseException:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Callable, Mapping, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ class Knob:
     doc: str
     ours: bool = False
     inert: bool = False
+    alike: bool = False         # must hold the same value on every rank: checked when the ranks connect
 
 
 _TRUE = ("1", "true", "yes", "on", "y", "t")
@@ -73,18 +74,18 @@ _KNOBS = [
     # Tunables.
     Knob("HOROVOD_FUSION_THRESHOLD", int, 128 * 1024 * 1024, "Tensor Fusion buffer bytes; 0 disables fusion."),
     Knob("HOROVOD_CYCLE_TIME", float, 1.0, "Milliseconds between negotiation cycles while ops keep arriving."),
-    Knob("HOROVOD_CACHE_CAPACITY", int, 1024, "Response cache entries; 0 disables the cache."),
+    Knob("HOROVOD_CACHE_CAPACITY", int, 1024, "Response cache entries; 0 disables the cache.", alike=True),
     Knob("HOROVOD_HIERARCHICAL_ALLREDUCE", parse_bool, False,
          "On several hosts, 1 also makes Adasum hierarchical: sum inside each host, Adasum across hosts "
          "(docs/adasum.md). Sum/Average across hosts are hierarchical (shm in host, tcp or MPI across) unless it "
          "is set to 0, which selects one flat ring over every rank (upstream's default); autotune leaves it "
-         "alone."),
+         "alone.", alike=True),
     Knob("HOROVOD_HIERARCHICAL_CROSS", _choice("leader", "all"), "leader",
          "Which ranks of a host cross hosts in a hierarchical allreduce: leader (the host's local rank 0 "
          "allreduces the host's sum with the other hosts' leaders, then broadcasts it inside the host: one flow "
          "per link) or all (every local rank allreduces its block of the host's sum with the same local rank of "
          "the other hosts, as upstream's hierarchical allreduce: one flow per local rank). Set it alike on every "
-         "rank (docs/architecture.md).", ours=True),
+         "rank (docs/architecture.md).", ours=True, alike=True),
     Knob("HOROVOD_HIERARCHICAL_ALLGATHER", parse_bool, False,
          "Hierarchical allgather. Accepted, no effect: across hosts the data plane is hierarchical anyway.",
          inert=True),
@@ -146,7 +147,7 @@ _KNOBS = [
     Knob("HOROVOD_HOSTNAME", _str, "", "Host identity used to group local ranks."),
     # Ours.
     Knob("HOROVOD_SHM_CHUNK_BYTES", int, 4 * 1024 * 1024,
-         "Bytes per rank per pipeline step of the shared-memory data plane.", ours=True),
+         "Bytes per rank per pipeline step of the shared-memory data plane.", ours=True, alike=True),
     Knob("HOROVOD_SHM_CROSS_MEMORY", parse_bool, True,
          "Large broadcasts, and allgathers with a 4-32 MiB output, on one host copy once, straight between the "
          "ranks' buffers (process_vm_readv/writev, used where the kernel allows it), as do blocking broadcasts "
@@ -162,27 +163,27 @@ _KNOBS = [
     Knob("HOROVOD_CUDA_IPC", parse_bool, True,
          "CUDA tensors of a job whose ranks share one host are exchanged between the ranks' GPU memory through "
          "CUDA IPC and reduced on the GPU (docs/gpu.md); 0 stages them through host memory instead. Set it alike "
-         "on every rank.", ours=True),
+         "on every rank.", ours=True, alike=True),
     Knob("HOROVOD_CUDA_IPC_WINDOW_BYTES", int, 64 * 1024 * 1024,
          "GPU memory each rank exports to the others for the CUDA IPC plane; larger collectives move through it "
          "in chunks of this size.", ours=True),
     Knob("HOROVOD_TCP_SMALL_BYTES", int, 64 * 1024,
          "Below this size the tcp data plane uses the one-round direct exchange instead of the ring.",
-         ours=True),
+         ours=True, alike=True),
     Knob("HOROVOD_TCP_CHUNK_BYTES", int, 1024 * 1024,
          "Chunk of the tcp data plane's pipelined ring: each chunk goes on to the next rank as soon as it is "
-         "reduced; 0 sends each ring step's block whole.", ours=True),
+         "reduced; 0 sends each ring step's block whole.", ours=True, alike=True),
     Knob("HOROVOD_TCP_RING_BYTES", int, 1024 * 1024,
          "From this size on the tcp data plane's allreduce uses the pipelined ring; between HOROVOD_TCP_SMALL_BYTES "
          "and this, Rabenseifner's recursive halving and doubling when the rank count is a power of two (>= 4).",
-         ours=True),
+         ours=True, alike=True),
     Knob("HOROVOD_TCP_ALLREDUCE_ALGORITHM",
          _choice("auto", "ring", "direct", "recursive_doubling", "rabenseifner"), "auto",
          "The tcp data plane's allreduce algorithm; auto chooses by size and rank count (docs/architecture.md). "
-         "Set it alike on every rank.", ours=True),
+         "Set it alike on every rank.", ours=True, alike=True),
     Knob("HOROVOD_TCP_BROADCAST_ALGORITHM", _choice("auto", "binomial", "pipeline"), "auto",
          "The tcp data plane's broadcast: a binomial tree, or a pipelined chain from the root in chunks of "
-         "HOROVOD_TCP_CHUNK_BYTES; auto chooses by size and rank count. Set it alike on every rank.", ours=True),
+         "HOROVOD_TCP_CHUNK_BYTES; auto chooses by size and rank count. Set it alike on every rank.", ours=True, alike=True),
     Knob("HOROVOD_TF_OVERLAP_BYTES", int, None,
          "TensorFlow, inside tf.function: dense gradients of at least this many bytes start their allreduce alone "
          "as soon as they exist, the smaller ones together (0: each alone, as upstream); unset sends every step's "
@@ -199,10 +200,10 @@ _KNOBS = [
          "Longest time a ready tensor that no rank is waiting for is held to fill a bucket.", ours=True),
     Knob("HOROVOD_MPI_REDUCE_MAX_BYTES", int, 1024 * 1024,
          "Under MPI on one host, allreduce and reducescatter up to this size use MPI, larger ones the built-in "
-         "shm plane (the measured crossover); -1 = any size, 0 = always shm.", ours=True),
+         "shm plane (the measured crossover); -1 = any size, 0 = always shm.", ours=True, alike=True),
     Knob("HOROVOD_MPI_MOVE_MAX_BYTES", int, -1,
          "Under MPI on one host, allgather, broadcast and alltoall up to this size use MPI, larger ones the "
-         "built-in shm plane; -1 = any size (the measured best), 0 = always shm.", ours=True),
+         "built-in shm plane; -1 = any size (the measured best), 0 = always shm.", ours=True, alike=True),
     Knob("HOROVOD_DEADLOCK_CHECK_DISABLE", parse_bool, False,
          "Turn off deadlock detection (the stall inspector's warnings stay; HOROVOD_STALL_CHECK_DISABLE turns "
          "off both).", ours=True),
@@ -227,12 +228,12 @@ _KNOBS = [
     Knob("HOROVOD_FAST_ROUNDS", parse_bool, True,
          "Let a small blocking allreduce agree and reduce through shared memory, without the coordinator, when "
          "every rank is on one host and idle (docs/architecture.md); 0 sends every op through the coordinator.",
-         ours=True),
+         ours=True, alike=True),
     Knob("HOROVOD_COORDINATOR_CARRY_BYTES", int, 32 * 1024,
          "A small blocking allreduce, broadcast or allgather that no fast round takes (its ranks span hosts) sends "
          "its input with its request, and rank 0 answers with the result: one round trip, no data-plane steps, "
          "while the result times the ranks less one (what rank 0 sends) stays within this. 0 turns it off; set it "
-         "alike on every rank (docs/architecture.md).", ours=True),
+         "alike on every rank (docs/architecture.md).", ours=True, alike=True),
     Knob("HOROVOD_SPIN_MICROSECONDS", float, 100.0,
          "After activity, the engine polls this long (yielding the GIL) before sleeping, as do the data plane's "
          "receives; 0 never polls. Nothing polls where the job's ranks on one machine (one kernel: network "
@@ -283,3 +284,49 @@ def log_inert_knobs(env: Optional[Mapping[str, str]] = None) -> None:
             _inert_logged.add(knob.name)
             log.debug("%s is set; it is accepted for compatibility and has no effect in this release (%s)",
                       knob.name, knob.doc)
+
+
+# Alike knobs whose being set at all changes what they do (unset: the default behaviour, which no value names).
+_SET_MATTERS = frozenset({"HOROVOD_HIERARCHICAL_ALLREDUCE"})
+
+
+def alike_values(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """What this rank's ``alike`` knobs say, one string each (the parsed value, so that ``1`` and ``true`` are
+    the same), for :func:`disagreement` to compare across the ranks."""
+    values = {}
+    for knob in _KNOBS:
+        if knob.alike:
+            unset = knob.name in _SET_MATTERS and not is_set(knob.name, env)
+            values[knob.name] = "unset" if unset else repr(get(knob.name, env))
+    return values
+
+
+def disagreement(per_rank: Sequence[Optional[Mapping[str, str]]], hosts: Sequence[str] = ()) -> Optional[str]:
+    """The error message when the ranks' :func:`alike_values` (``per_rank``, in rank order; None for a rank
+    that sent none) differ, else None. Every rank gets the same lists, so every rank reaches the same verdict."""
+    sent = [(r, v) for r, v in enumerate(per_rank) if v is not None]
+    names = sorted({name for _, v in sent for name in v})
+    lines = []
+    for name in names:
+        by_value: Dict[str, List[int]] = {}
+        for r, values in sent:
+            by_value.setdefault(values.get(name, "unknown to this version"), []).append(r)
+        if len(by_value) > 1:
+            sides = "; ".join(f"{_ranks_on(ranks, hosts)} {value}" for value, ranks in by_value.items())
+            lines.append(f"{name}: {sides}")
+    if not lines:
+        return None
+    return ("These settings differ between the ranks of this job, and every rank must have the same one: each "
+            "chooses how the ranks exchange data, so ranks that choose differently would wait for each other "
+            "for ever.\n  " + "\n  ".join(lines) + "\nSet them alike for every rank: horovodrun passes its own "
+            "environment to every rank; under mpirun, export each with -x NAME (or set it in every host's "
+            "environment).")
+
+
+def _ranks_on(ranks: List[int], hosts: Sequence[str]) -> str:
+    """``rank 1 (host b)`` or ``ranks 0, 2 (hosts a, c)``, for :func:`disagreement`."""
+    where = sorted({hosts[r] for r in ranks if r < len(hosts)})
+    label = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+    if where:
+        label += f" ({'host' if len(where) == 1 else 'hosts'} {', '.join(where)})"
+    return label + " have" if len(ranks) > 1 else label + " has"
