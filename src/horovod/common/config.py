@@ -151,7 +151,7 @@ _KNOBS = [
     Knob("HOROVOD_SHM_CROSS_MEMORY", parse_bool, True,
          "Large broadcasts, and allgathers with a 4-32 MiB output, on one host copy once, straight between the "
          "ranks' buffers (process_vm_readv/writev, used where the kernel allows it), as do blocking broadcasts "
-         "from 128 KiB, allgathers from 512 KiB per rank, and allreduces and reducescatters that the slots "
+         "from 256 KiB, allgathers from 512 KiB per rank, and allreduces and reducescatters that the slots "
          "cannot take, in fast rounds, and the shm plane's allreduces of one tensor from 4 MiB; 0 keeps them on "
          "the shared-memory slots.",
          ours=True),

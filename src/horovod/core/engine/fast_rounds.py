@@ -110,8 +110,9 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 # and writes where the ranks may use them (a *direct* round), at any size: at 64-256 MB as fast as the data plane's
 # chunks on a quiet machine, 3x faster beside busy cores, where each of the chunks' barriers waits for a peer to be
 # scheduled. Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md,
-# issue 31).
-DIRECT_FROM = {RequestType.BROADCAST: 128 << 10, RequestType.ALLGATHER: 512 << 10}
+# issue 31): a 2-rank broadcast through the slots took 0.71-0.77x the direct round's time at 128 KB, 0.86-0.90x at
+# 192 KB, 0.96-1.11x at 256 KB (three A/B runs, seventeenth session; it went direct from 128 KB before).
+DIRECT_FROM = {RequestType.BROADCAST: 256 << 10, RequestType.ALLGATHER: 512 << 10}
 # An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
 # rank, or a slot), at any size: single copies by cross-memory calls move about a quarter of memcpy's bytes per
 # second on the reference VM, so below that the slots' two cache-hot copies are mostly faster; above, a direct
