@@ -8,6 +8,7 @@ step with no collective (a local copy of the model: what the cores cost), what t
 their gradients go in one fast round at ``step()`` (docs/torch.md).
 
     python benchmarks/small_model_step.py [--np 2] [--models "784,128,10;256,64,64,10"] [--repeats 3] [--keras]
+        [--groups N]
 """
 from __future__ import annotations
 
@@ -72,10 +73,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--models", default=MODELS, help="layer widths per model, models separated by ';'")
     parser.add_argument("--keras", action="store_true", help="also the same models in Keras 3 on TensorFlow")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per round")
+    parser.add_argument("--groups", type=int, default=0,
+                        help="horovod.torch's DistributedOptimizer(groups=N) (0: none); DDP has its own buckets")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     args = [str(opts.rounds), str(opts.steps)]
-    jobs = {"hvd": lambda out: horovod_cmd(opts.np, ["-m", WORKER, "hvd", str(out), opts.models, *args]),
+    jobs = {"hvd": lambda out: horovod_cmd(opts.np, ["-m", WORKER, "hvd", str(out), opts.models, *args,
+                                                     str(opts.groups)]),
             "ddp": lambda out: torchrun_cmd(opts.np, ["-m", WORKER, "ddp", str(out), opts.models, *args])}
     if opts.keras:
         jobs["keras"] = lambda out: horovod_cmd(opts.np, ["-m", WORKER, "keras", str(out), opts.models, *args])

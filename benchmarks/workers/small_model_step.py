@@ -2,7 +2,9 @@
 TensorFlow and horovod.keras's DistributedOptimizer; run under horovodrun (``hvd``, ``keras``) or torchrun
 (``ddp``).
 
-    python -m benchmarks.workers.small_model_step hvd|ddp|keras OUT.json MODELS [ROUNDS] [STEPS]
+    python -m benchmarks.workers.small_model_step hvd|ddp|keras OUT.json MODELS [ROUNDS] [STEPS] [GROUPS]
+
+GROUPS: the torch DistributedOptimizer's ``groups`` (an int; 0, the default: none).
 
 Keras: the same layers (Dense, ReLU between), compiled with SGD and sparse categorical cross-entropy, one
 ``train_on_batch`` per step, TensorFlow on one intra-op and one inter-op thread.
@@ -47,8 +49,10 @@ def _timed(step: Callable[[], None], barrier: Callable[[], None], steps: int) ->
     return statistics.median(times)
 
 
-def steps(widths: List[int], mode: str) -> Tuple[Callable[[], None], Callable[[], None], torch.nn.Module]:
-    """The distributed step (``mode``: DistributedOptimizer or DDP) and the local one, on copies of one model."""
+def steps(widths: List[int], mode: str, groups: int = 0) -> Tuple[Callable[[], None], Callable[[], None],
+                                                                   torch.nn.Module]:
+    """The distributed step (``mode``: DistributedOptimizer, with ``groups`` if not 0, or DDP) and the local one, on
+    copies of one model."""
     torch.manual_seed(0)
     model = build(widths)
     local = copy.deepcopy(model)
@@ -57,7 +61,7 @@ def steps(widths: List[int], mode: str) -> Tuple[Callable[[], None], Callable[[]
     if mode == "hvd":
         import horovod.torch as hvd
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                       named_parameters=model.named_parameters())
+                                       named_parameters=model.named_parameters(), groups=groups or None)
         dist_model = model
     else:
         dist_model = torch.nn.parallel.DistributedDataParallel(model)
@@ -106,6 +110,7 @@ def main() -> None:
     mode, out, models = sys.argv[1], sys.argv[2], [[int(w) for w in m.split(",")] for m in sys.argv[3].split(";")]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     steps_per_round = int(sys.argv[5]) if len(sys.argv) > 5 else 300
+    groups = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     torch.set_num_threads(1)
     if mode == "keras":
         os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -126,7 +131,7 @@ def main() -> None:
         rank, barrier = dist.get_rank(), dist.barrier
     results: Dict[str, dict] = {}
     for widths in models:
-        step, local_step, model = keras_steps(widths) if mode == "keras" else steps(widths, mode)
+        step, local_step, model = keras_steps(widths) if mode == "keras" else steps(widths, mode, groups)
         samples: Dict[str, List[float]] = {"step": [], "local": []}
         for _ in range(rounds):
             samples["step"].append(_timed(step, barrier, steps_per_round))

@@ -178,7 +178,18 @@ def test_gradient_predivide_factor():
 
 
 @pytest.mark.parametrize("groups", ["int", "lists"])
-def test_groups(groups):
+def test_groups(groups, monkeypatch):
+    """The numbers are one process's on the global batch. Where the ranks share a host, groups whose gradients
+    fit one fast round together, each group whole, wait for ``step()`` and go in the small gradients' round: no
+    group starts from its hooks, and a step is one round. (From their hooks, groups went through the coordinator:
+    ``groups=2`` made a 2-rank MLP step 1.8x slower than none.)"""
+    from horovod.core import ops
+    from horovod.torch import optimizer as hvd_optimizer
+
+    started = []
+    grouped_async = hvd_optimizer.grouped_allreduce_async_
+    monkeypatch.setattr(hvd_optimizer, "grouped_allreduce_async_",
+                        lambda tensors, *a, **k: started.append(k["name"]) or grouped_async(tensors, *a, **k))
     size = hvd.size()
     data = batches(2, size)
     model = make_model()
@@ -186,13 +197,24 @@ def test_groups(groups):
     spec = 2 if groups == "int" else [[params[0], params[3]], [params[1]], [params[2]]]
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=named(model, f"groups.{groups}"), groups=spec)
+    matched, counting = _fast_round_count()
+    grouped = ops.has_fast_rounds()
     rank = hvd.rank()
     for x, y in data:
         opt.zero_grad()
         F.mse_loss(model(shard(x, rank)), shard(y, rank)).backward()
         opt.step()
+    rounds = _fast_round_count()[0] - matched
     assert_same_params(model, train_reference(torch.optim.SGD, dict(lr=0.1), data))
     assert_params_equal_across_ranks(model)
+    if size == 1:
+        return
+    if grouped:
+        assert started == [], started
+        if counting:
+            assert rounds == len(data), rounds           # per step: every gradient, and the flag
+    else:
+        assert len(started) == (2 if groups == "int" else 3) * len(data), started
 
 
 class EmbeddingModel(nn.Module):
@@ -464,35 +486,34 @@ def test_broadcast_optimizer_state_with_a_frozen_parameter(wrapped):
         assert_params_equal_across_ranks(model)
 
 
-def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monkeypatch):
-    """Where the ranks share a host, the gradients that fit one fast round together (smallest first) wait for
-    ``step()`` and go in one blocking grouped allreduce, a fast round, with the unused-parameter flag (no
-    parameter lacks a gradient, so no masks round follows); a gradient that does not fit with them (0.96 MB, where a round takes 1 MB at 2 ranks, 512 KB at 4) still
-    starts from its hook. The numbers are one process's on the global batch."""
-    from horovod.core import basics, ops
-    from horovod.core.engine.fast_rounds import SEALED
+def _wide(seed=0):
+    """0.96 MB of gradient in its first weight, and four gradients of 480 KB together that fit one fast round."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 30000), nn.Tanh(), nn.Linear(30000, 1, bias=False), nn.Linear(1, 2)).double()
+
+
+def _train_wide(monkeypatch, spied, prefix, groups_of=None):
+    """Three steps of the wide model on every rank with ``DistributedOptimizer`` (``groups_of(model)``: its
+    ``groups``), beside one process on
+    the global batch (the same parameters are asserted); returns (the names that the optimizer's ``spied``
+    functions started, the fast rounds taken meanwhile or None where they are not counted, whether the set has
+    fast rounds, the steps)."""
+    from horovod.core import ops
     from horovod.torch import optimizer as hvd_optimizer
 
-    rank, size = hvd.rank(), hvd.size()
     started = []
-    async_ = hvd_optimizer.allreduce_async_
-    monkeypatch.setattr(hvd_optimizer, "allreduce_async_",
-                        lambda tensor, *a, **k: started.append(k["name"]) or async_(tensor, *a, **k))
-
-    def wide(seed=0):
-        torch.manual_seed(seed)
-        return nn.Sequential(nn.Linear(4, 30000), nn.Tanh(), nn.Linear(30000, 1, bias=False),
-                             nn.Linear(1, 2)).double()
-
-    model, ref = wide(), wide()
+    for name in spied:
+        original = getattr(hvd_optimizer, name)
+        monkeypatch.setattr(hvd_optimizer, name, lambda tensors, *a, _original=original, **k:
+                            started.append(k["name"]) or _original(tensors, *a, **k))
+    model, ref = _wide(), _wide()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
-                                   named_parameters=named(model, "wide"))
+                                   named_parameters=named(model, prefix),
+                                   groups=groups_of(model) if groups_of else None)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-4)        # (the wide layer diverges at 0.1)
-    fast = basics.engine_for(None).fast
-    matched = fast.matched if fast is not None else 0
+    matched, counting = _fast_round_count()
     grouped = ops.has_fast_rounds()          # asked now: a peer done with the test may shut the job down before
-    # A join earlier in the job seals the fast rounds (the groups then go through the coordinator)
-    sealed = fast is None or fast.off or any(words[SEALED] for words in fast.words)
+    rank, size = hvd.rank(), hvd.size()
     steps = batches(3, size)
     for x, y in steps:
         opt.zero_grad()
@@ -502,11 +523,47 @@ def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monk
         F.mse_loss(ref(x), y).backward()
         ref_opt.step()
     assert_same_params(model, ref)
-    if size == 1:
+    return started, (_fast_round_count()[0] - matched if counting else None), grouped, steps
+
+
+def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monkeypatch):
+    """Where the ranks share a host, the gradients that fit one fast round together (smallest first) wait for
+    ``step()`` and go in one blocking grouped allreduce, a fast round, with the unused-parameter flag (no
+    parameter lacks a gradient, so no masks round follows); a gradient that does not fit with them (0.96 MB,
+    where a round takes 1 MB at 2 ranks, 512 KB at 4) still starts from its hook. The numbers are one process's
+    on the global batch."""
+    started, rounds, grouped, steps = _train_wide(monkeypatch, ["allreduce_async_"], "wide")
+    if hvd.size() == 1:
         return                                   # no hooks: nothing is exchanged
     if grouped:
         assert set(started) == {"wide.0.weight"}, started       # the rest (480 KB) fit one round together
-        if not sealed:
-            assert fast.matched == matched + len(steps)         # per step: the small gradients and the flag
+        assert rounds in (None, len(steps)), rounds             # per step: the small gradients and the flag
     else:
         assert len(started) == 5 * len(steps), started          # every gradient from its hook
+
+
+def _fast_round_count():
+    """(the global set's fast-round count now, whether its blocking rounds are fast rounds and still unsealed:
+    a join earlier in the job seals them, and every op then goes through the coordinator)."""
+    from horovod.core import basics, ops
+    from horovod.core.engine.fast_rounds import SEALED
+
+    fast = basics.engine_for(None).fast
+    if fast is None or not ops.has_fast_rounds():
+        return 0, False
+    return fast.matched, not (fast.off or any(words[SEALED] for words in fast.words))
+
+
+def test_a_group_too_large_for_the_round_still_starts_from_its_hooks(monkeypatch):
+    """A group is never split: one that holds a 0.96 MB gradient (a round takes 1 MB at 2 ranks, 512 KB at 4)
+    starts from its hooks as a whole, small member included, while the other gradients go in the round."""
+    started, rounds, grouped, steps = _train_wide(monkeypatch, ["allreduce_async_", "grouped_allreduce_async_"],
+                                                  "large_group", lambda m: [[m[0].weight, m[3].bias]])
+    if hvd.size() == 1:
+        return
+    if grouped:
+        assert started == ["grouped.0"] * len(steps), started
+        assert rounds in (None, len(steps)), rounds
+    else:
+        assert sorted(set(started)) == ["grouped.0", "large_group.0.bias", "large_group.2.weight",
+                                       "large_group.3.weight"], started

@@ -176,19 +176,21 @@ def has_fast_rounds(process_set: Optional[ProcessSet] = None) -> bool:
     return _engine(process_set).fast is not None
 
 
-def fast_group(sizes: Sequence[int], process_set: Optional[ProcessSet] = None) -> List[int]:
-    """Which of several host tensors (``sizes``: bytes each) one blocking grouped allreduce on ``process_set`` can
-    take in a single fast round (core/engine/fast_rounds.py, grouped rounds): their indices, smallest tensors
-    first (in index order among equal sizes), as many as fit together; none where the set has no fast rounds
-    (its ranks span hosts, ``HOROVOD_FAST_ROUNDS=0``). The answer depends only on the sizes and the set, so every
-    rank of the set gets the same one for the same sizes (set HOROVOD_FAST_ROUNDS alike on every rank)."""
+def fast_group(sizes: Sequence[Union[int, Sequence[int]]], process_set: Optional[ProcessSet] = None) -> List[int]:
+    """Which of several host tensors, or units of them (``sizes``: bytes each, or a unit's members' bytes, which go
+    together or not at all), one blocking grouped allreduce on ``process_set`` can take in a single fast round
+    (core/engine/fast_rounds.py, grouped rounds): their indices, those that take the least room first (in index
+    order among equals), as many as fit together; none where the set has no fast rounds (its ranks span hosts,
+    ``HOROVOD_FAST_ROUNDS=0``). The answer depends only on the sizes and the set, so every rank of the set gets
+    the same one for the same sizes (HOROVOD_FAST_ROUNDS is alike on every rank)."""
     engine = _engine(process_set)
     if engine.fast is None:         # no fast rounds on this set (has_fast_rounds)
         return []
+    rooms = [sum(fast_rounds.group_room(n) for n in ([s] if isinstance(s, int) else s)) for s in sizes]
     room = fast_rounds.group_capacity(engine.size)
     chosen = []
-    for i in sorted(range(len(sizes)), key=lambda i: (sizes[i], i)):
-        room -= fast_rounds.group_room(sizes[i])
+    for i in sorted(range(len(rooms)), key=lambda i: (rooms[i], i)):
+        room -= rooms[i]
         if room < 0:
             break
         chosen.append(i)

@@ -79,9 +79,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_ready: Dict[int, set] = {}
         trainable = {id(p) for p in all_params if p.requires_grad}
         self._unused = UnusedParameters([(k, v) for k, v in named_parameters if id(v) in trainable], process_set)
-        # The gradients exchanged together at synchronize() (see _small_gradients), planned per engine: the host
-        # parameters outside any group, in the order the optimizer holds them.
-        self._small_candidates = [p for p in all_params if p.requires_grad and p.is_cpu and p not in self._group_of]
+        # The gradients exchanged together at synchronize() (see _small_gradients), planned per engine from units:
+        # each group whose parameters are all on the host, and each host parameter outside any group, in the
+        # order the optimizer holds them.
+        self._small_order = host = [p for p in all_params if p.requires_grad and p.is_cpu]
+        self._small_units = [[p] for p in host if p not in self._group_of] + [
+            group for group in (self._groups or []) if all(p.is_cpu for p in group)]
         self._small_plan: Tuple[object, set, List[torch.Tensor], bool] = (None, set(), [], False)
         self._flag = torch.zeros(1, dtype=torch.float32)     # see _small_allreduce
         if process_set.included() and (size() > 1 or config.get("HOROVOD_ELASTIC")):
@@ -148,20 +151,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The parameters whose gradients wait for synchronize() and go there in one blocking grouped allreduce,
         which one fast round takes (core/engine/fast_rounds.py; a 784-128-10 MLP's 4 gradients from their hooks
         added 1.8 ms to a 2-rank step through the coordinator, 0.6 ms this way: docs/torch.md). As a set and in
-        a fixed order: the smallest host gradients outside any ``groups`` that fit one round together
-        (``ops.fast_group``, by the parameters' sizes, so every rank plans alike); none where the process set has
-        no fast rounds (its ranks span hosts), for Adasum or PowerSGD. The larger gradients still start from
-        their hooks, overlapping the backward pass. Planned again when the engine changes (an elastic reset)."""
+        a fixed order: the smallest host gradients that fit one round together, each of the ``groups`` counted
+        whole, as one unit (``ops.fast_group``, by the parameters' sizes, so every rank plans alike; a group went
+        from its hooks through the coordinator, and ``groups=2`` made a 2-rank MLP step 1.8x slower than none);
+        none where the process set has no fast rounds (its ranks span hosts), for Adasum or PowerSGD. The larger
+        gradients and groups still start from their hooks, overlapping the backward pass. Planned again when the
+        engine changes (an elastic reset)."""
         engine = basics.engine_for(self.process_set)
         if self._small_plan[0] is not engine:
             chosen: List[torch.Tensor] = []
             flag = False
             if self.op != Adasum and self._powersgd is None:
-                candidates = self._small_candidates
-                # The unused-parameter flag (index 0) is planned with them, so that every rank plans its room alike
-                sizes = [_FLAG_BYTES] + [p.numel() * p.element_size() for p in candidates]
+                units = self._small_units
+                # Whole units only (a group is not split); the unused-parameter flag (index 0) is planned with
+                # them, so that every rank plans its room alike
+                sizes = [_FLAG_BYTES] + [[p.numel() * p.element_size() for p in unit] for unit in units]
                 fitting = ops.fast_group(sizes, self.process_set)
-                chosen = [candidates[i - 1] for i in fitting if i]
+                kept = {id(p) for i in fitting if i for p in units[i - 1]}
+                chosen = [p for p in self._small_order if id(p) in kept]
                 flag = bool(chosen) and 0 in fitting and self.op in (Average, Sum)
             self._small_plan = (engine, set(chosen), chosen, flag)
         return self._small_plan[1], self._small_plan[2]
@@ -205,7 +212,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             handle, ctx = None, None
             if count_backward_pass(self._handles, self._allreduce_delay, p):
                 group_index = self._group_of.get(p)
-                if group_index is None and self._keeps(p):
+                if self._keeps(p):
                     handle = SMALL
                 elif group_index is None:
                     handle, ctx = self._allreduce_grad_async(p)
@@ -239,7 +246,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if handle is not None:
                 continue
             group_index = self._group_of.get(p)
-            if group_index is None and self._keeps(p):
+            if self._keeps(p):
                 self._handles[p] = (SMALL, None)
             elif group_index is None:
                 self._handles[p] = self._allreduce_grad_async(p)
