@@ -44,12 +44,12 @@ def compare(hvd, widths: List[int], blocks: int) -> Dict[bool, float]:
     for _ in range(100):
         step()                                  # the plan is made at the first step
     plan = opt._small_plan
-    if not plan[3]:
+    if not plan.flag:
         raise SystemExit(f"{widths}: the flag does not go with the gradients here (no fast rounds, or no room)")
     times: Dict[bool, List[float]] = {True: [], False: []}
     for block in range(blocks):
         flag = block % 2 == 0
-        opt._small_plan = (*plan[:3], flag)
+        opt._small_plan = plan._replace(flag=flag)
         for _ in range(WARM):
             step()
         hvd.barrier()

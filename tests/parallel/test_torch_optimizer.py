@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import horovod.torch as hvd
+from tests.support.fast_rounds import fast_round_count
 from tests.support.two_branches import TwoBranches, reference_sgd_step
 
 torch.set_num_threads(1)
@@ -197,14 +198,14 @@ def test_groups(groups, monkeypatch):
     spec = 2 if groups == "int" else [[params[0], params[3]], [params[1]], [params[2]]]
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=named(model, f"groups.{groups}"), groups=spec)
-    matched, counting = _fast_round_count()
+    matched, counting = fast_round_count()
     grouped = ops.has_fast_rounds()
     rank = hvd.rank()
     for x, y in data:
         opt.zero_grad()
         F.mse_loss(model(shard(x, rank)), shard(y, rank)).backward()
         opt.step()
-    rounds = _fast_round_count()[0] - matched
+    rounds = fast_round_count()[0] - matched
     assert_same_params(model, train_reference(torch.optim.SGD, dict(lr=0.1), data))
     assert_params_equal_across_ranks(model)
     if size == 1:
@@ -511,7 +512,7 @@ def _train_wide(monkeypatch, spied, prefix, groups_of=None):
                                    named_parameters=named(model, prefix),
                                    groups=groups_of(model) if groups_of else None)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=1e-4)        # (the wide layer diverges at 0.1)
-    matched, counting = _fast_round_count()
+    matched, counting = fast_round_count()
     grouped = ops.has_fast_rounds()          # asked now: a peer done with the test may shut the job down before
     rank, size = hvd.rank(), hvd.size()
     steps = batches(3, size)
@@ -523,7 +524,7 @@ def _train_wide(monkeypatch, spied, prefix, groups_of=None):
         F.mse_loss(ref(x), y).backward()
         ref_opt.step()
     assert_same_params(model, ref)
-    return started, (_fast_round_count()[0] - matched if counting else None), grouped, steps
+    return started, (fast_round_count()[0] - matched if counting else None), grouped, steps
 
 
 def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monkeypatch):
@@ -540,18 +541,6 @@ def test_small_gradients_go_in_one_fast_round_and_a_large_one_from_its_hook(monk
         assert rounds in (None, len(steps)), rounds             # per step: the small gradients and the flag
     else:
         assert len(started) == 5 * len(steps), started          # every gradient from its hook
-
-
-def _fast_round_count():
-    """(the global set's fast-round count now, whether its blocking rounds are fast rounds and still unsealed:
-    a join earlier in the job seals them, and every op then goes through the coordinator)."""
-    from horovod.core import basics, ops
-    from horovod.core.engine.fast_rounds import SEALED
-
-    fast = basics.engine_for(None).fast
-    if fast is None or not ops.has_fast_rounds():
-        return 0, False
-    return fast.matched, not (fast.off or any(words[SEALED] for words in fast.words))
 
 
 def test_a_group_too_large_for_the_round_still_starts_from_its_hooks(monkeypatch):

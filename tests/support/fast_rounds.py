@@ -29,3 +29,16 @@ def each_rank_in_a_thread(ranks: int, run: Callable[[int], None], what: str = "a
     for t in threads:
         t.join(10)
     assert not any(t.is_alive() for t in threads), f"{what} did not close"
+
+
+def fast_round_count():
+    """In a parallel job: (the global set's fast rounds so far, whether they are counted: its blocking rounds are
+    fast rounds and still unsealed; a join earlier in the job seals them, and every op then goes through the
+    coordinator)."""
+    from horovod.core import basics, ops
+    from horovod.core.engine.fast_rounds import SEALED
+
+    fast = basics.engine_for(None).fast
+    if fast is None or not ops.has_fast_rounds():
+        return 0, False
+    return fast.matched, not (fast.off or any(words[SEALED] for words in fast.words))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -50,6 +50,15 @@ SMALL_GROUP_NAME = "DistributedOptimizer.small_gradients"
 _FLAG_BYTES = 4         # the unused-parameter flag that goes with them (float32)
 
 
+class _SmallPlan(NamedTuple):
+    """Which gradients go in synchronize()'s grouped allreduce of small gradients (see _small_gradients)."""
+
+    engine: object                  # the engine it was planned for: planned again when that changes
+    kept: set                       # the parameters, as a set
+    order: List[torch.Tensor]       # and in the order every rank sends them
+    flag: bool                      # the unused-parameter flag goes with them (see _small_allreduce)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
                  gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
@@ -85,7 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._small_order = host = [p for p in all_params if p.requires_grad and p.is_cpu]
         self._small_units = [[p] for p in host if p not in self._group_of] + [
             group for group in (self._groups or []) if all(p.is_cpu for p in group)]
-        self._small_plan: Tuple[object, set, List[torch.Tensor], bool] = (None, set(), [], False)
+        self._small_plan = _SmallPlan(None, set(), [], False)
         self._flag = torch.zeros(1, dtype=torch.float32)     # see _small_allreduce
         if process_set.included() and (size() > 1 or config.get("HOROVOD_ELASTIC")):
             self._register_hooks()
@@ -158,7 +167,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradients and groups still start from their hooks, overlapping the backward pass. Planned again when the
         engine changes (an elastic reset)."""
         engine = basics.engine_for(self.process_set)
-        if self._small_plan[0] is not engine:
+        if self._small_plan.engine is not engine:
             chosen: List[torch.Tensor] = []
             flag = False
             if self.op != Adasum and self._powersgd is None:
@@ -170,8 +179,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 kept = {id(p) for i in fitting if i for p in units[i - 1]}
                 chosen = [p for p in self._small_order if id(p) in kept]
                 flag = bool(chosen) and 0 in fitting and self.op in (Average, Sum)
-            self._small_plan = (engine, set(chosen), chosen, flag)
-        return self._small_plan[1], self._small_plan[2]
+            self._small_plan = _SmallPlan(engine, set(chosen), chosen, flag)
+        return self._small_plan.kept, self._small_plan.order
 
     def _small_allreduce(self, params: List[torch.Tensor], missing: List[torch.Tensor]) -> Optional[float]:
         """Allreduce ``params``' gradients (kept by their hooks) in one blocking grouped allreduce, and write the
@@ -191,7 +200,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             tensor, ctx = self._compression.compress(grad)
             tensors.append(tensor)
             contexts.append(ctx)
-        flag = self._small_plan[3]
+        flag = self._small_plan.flag
         if flag:
             self._flag.fill_(self._unused.count(missing))
             tensors.append(self._flag)

@@ -113,8 +113,7 @@ class UnusedParameters:
         if missing_anywhere is not None and size > 1:
             self.flush()        # only a sum from before an elastic reset can be pending here: dropped
             if not missing_anywhere:
-                if self._in_a_row.any():
-                    self._in_a_row[:] = 0
+                self._in_a_row[:] = 0       # nothing missing anywhere: no run of steps goes on
                 return
         flags = np.zeros(len(self.names), dtype=bool)
         for p in missing:
