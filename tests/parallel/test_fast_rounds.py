@@ -139,10 +139,11 @@ def test_a_large_allreduce_copies_once(count, where):
     assert _direct() == direct + (1 if goes_direct else 0)
 
 
-@pytest.mark.parametrize("rows", [FAST_SLOT_BYTES // 24 + 5, 3 * FAST_SLOT_BYTES // 24 + 1])
+@pytest.mark.parametrize("rows", [DIRECT_ALLREDUCE_FROM // 24 + 5, FAST_SLOT_BYTES // 24 + 5,
+                                  3 * FAST_SLOT_BYTES // 24 + 1])
 def test_a_large_reducescatter_copies_once(rows):
-    """Beyond a slot, a reducescatter reads this rank's rows (upstream's split: they do not divide evenly at
-    2-4 ranks) straight from every peer's input."""
+    """Beyond a slot, and from DIRECT_ALLREDUCE_FROM where every rank has a core, a reducescatter reads this
+    rank's rows (upstream's split: they do not divide evenly at 2-4 ranks) straight from every peer's input."""
     rank, size = hvd.rank(), hvd.size()
     x = (np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) % 11 + rank) * (rank + 1)
     slow = ops.reducescatter_async(x, name=f"fr.rs.large.slow.{rows}", op=hvd.Average, postscale_factor=3.0).wait()
@@ -151,8 +152,9 @@ def test_a_large_reducescatter_copies_once(rows):
     np.testing.assert_array_equal(fast, slow)
     assert fast.shape == (rows // size + (1 if rank < rows % size else 0), 3)
     cross = _fast() is not None and _fast().pids is not None
-    _expect_fast(before, 1 if cross else 0)
-    assert _direct() == direct + (1 if cross else 0)
+    goes_direct = cross and (x.nbytes > FAST_SLOT_BYTES or _fast().roomy)
+    _expect_fast(before, 1 if goes_direct or x.nbytes <= FAST_SLOT_BYTES else 0)
+    assert _direct() == direct + (1 if goes_direct else 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])

@@ -193,6 +193,22 @@ def test_a_direct_reduction_in_small_pieces_gives_the_same_numbers(monkeypatch, 
     assert all(s.direct == 1 for s in sides)
 
 
+@pytest.mark.parametrize("rtype, start", [(RequestType.ALLGATHER, fast_rounds.DIRECT_FROM[RequestType.ALLGATHER]),
+                                          (RequestType.REDUCESCATTER, fast_rounds.DIRECT_ALLREDUCE_FROM),
+                                          (RequestType.ALLREDUCE, fast_rounds.DIRECT_ALLREDUCE_FROM)])
+def test_where_every_rank_has_a_core_the_middle_sizes_go_direct_from_their_threshold(rtype, start):
+    """An allgather from DIRECT_FROM bytes per rank (the slots copy three times, a direct round twice), an
+    allreduce and a reducescatter from DIRECT_ALLREDUCE_FROM; just below, or where the ranks share cores, the
+    slots."""
+    for size in (2, 3, 4):
+        assert fast_rounds.goes_direct(rtype, start, size, True, roomy=True)
+        assert not fast_rounds.goes_direct(rtype, start - 4, size, True, roomy=True)
+        assert not fast_rounds.goes_direct(rtype, start, size, False, roomy=True)
+    if rtype != RequestType.ALLREDUCE:      # beyond REDUCE_TOTAL_BYTES an allreduce goes direct on shared cores too
+        assert not fast_rounds.goes_direct(rtype, start, 2, True, roomy=False)
+    assert start < FAST_SLOT_BYTES
+
+
 def test_below_the_threshold_the_slots_carry_the_data():
     sides = _sides([os.getpid()] * 2)
     small, out, entries = _broadcasts(16)

@@ -111,8 +111,12 @@ REDUCE_TOTAL_BYTES = 2 << 20    # a fast allreduce's bytes times the ranks: each
 # chunks on a quiet machine, 3x faster beside busy cores, where each of the chunks' barriers waits for a peer to be
 # scheduled. Below them the two copies through a slot are as fast (cache-hot, no system call; docs/benchmarks.md,
 # issue 31): a 2-rank broadcast through the slots took 0.71-0.77x the direct round's time at 128 KB, 0.86-0.90x at
-# 192 KB, 0.96-1.11x at 256 KB (three A/B runs, seventeenth session; it went direct from 128 KB before).
-DIRECT_FROM = {RequestType.BROADCAST: 256 << 10, RequestType.ALLGATHER: 512 << 10}
+# 192 KB, 0.96-1.11x at 256 KB (three A/B runs, seventeenth session; it went direct from 128 KB before). An
+# allgather's slot round copies three times (in, then every slot out) against the direct round's twice (its own
+# block, the peers' read): at 2 ranks direct took 1.15x the slots' time at 32 KB per rank, 0.99-1.01x at 64 KB,
+# 0.87-0.88x at 96 KB, 0.79x at 128 KB, 0.67-0.69x at 256-384 KB (two A/B runs, eighteenth session; it went
+# direct from 512 KB before).
+DIRECT_FROM = {RequestType.BROADCAST: 256 << 10, RequestType.ALLGATHER: 96 << 10}
 # An allreduce or reducescatter goes direct where the slots cannot take it (beyond REDUCE_TOTAL_BYTES read per
 # rank, or a slot), at any size: single copies by cross-memory calls move about a quarter of memcpy's bytes per
 # second on the reference VM, so below that the slots' two cache-hot copies are mostly faster; above, a direct
@@ -122,6 +126,8 @@ DIRECT_FROM = {RequestType.BROADCAST: 256 << 10, RequestType.ALLGATHER: 512 << 1
 # half the bytes of the slots' round (each rank reads and writes only its segment of the peers' buffers). 2 ranks,
 # 512 KB-1 MB, alternated in one job: 0.84-0.96x the slots' time on a quiet VM, 0.83-1.29x beside two busy cores
 # (docs/benchmarks.md, issue 31). Below it the cross-memory calls' fixed cost loses (256 KB: 1.14x, 128 KB: 1.57x).
+# So does a reducescatter, the first half of that round: 2 ranks, direct / slots 0.90-0.92x at 512 KB, 0.79-0.81x
+# at 768 KB-1 MB; 1.02-1.05x at 384 KB, 1.20-1.62x at 64-256 KB (two A/B runs, eighteenth session).
 DIRECT_ALLREDUCE_FROM = 512 << 10
 DIRECT_MARK = b"|direct"        # ends a direct round's key
 # From this size (per rank), at three ranks and more, an allreduce through the slots is *split*: each rank reduces
@@ -178,8 +184,9 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
     beyond REDUCE_TOTAL_BYTES goes direct either way: its slot round would have every rank reduce every slot (4
     ranks on 2 cores, 1 MB: 617-682 us direct against 1021-1089 through the coordinator) unless it can be split
     (:func:`splits`: 0.78-0.85x the direct round's time at 3 and 4 ranks on 2 cores, 768 KB and 1 MB); where every
-    rank has a core, one from DIRECT_ALLREDUCE_FROM goes direct too. The choice is part of the round's key, so
-    ranks that choose differently do not match."""
+    rank has a core, one from DIRECT_ALLREDUCE_FROM goes direct too, and so does a reducescatter (beyond a slot it
+    goes direct at any rank count). The choice is part of the round's key, so ranks that choose differently do
+    not match."""
     if not cross:
         return False
     if rtype == RequestType.ALLREDUCE:
@@ -187,7 +194,7 @@ def goes_direct(rtype: int, nbytes: int, size: int, cross: bool, roomy: bool) ->
             return True
         return nbytes * size > REDUCE_TOTAL_BYTES and not splits(rtype, nbytes, size, False)
     if rtype == RequestType.REDUCESCATTER:
-        return nbytes > FAST_SLOT_BYTES
+        return (roomy and nbytes >= DIRECT_ALLREDUCE_FROM) or nbytes > FAST_SLOT_BYTES
     return nbytes >= DIRECT_FROM.get(rtype, 1 << 62) and (roomy or nbytes > FAST_SLOT_BYTES)
 
 
