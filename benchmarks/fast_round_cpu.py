@@ -21,7 +21,7 @@ import numpy as np
 
 from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
 from horovod.common.types import ReduceOp, RequestType, data_type_of
-from horovod.core.controller.messages import make_request
+from horovod.core.controller.messages import single_request
 from horovod.core.engine import fast_rounds
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.handles import Handle
@@ -64,7 +64,7 @@ def round_maker(op: str, nbytes: int) -> Callable[[], None]:
     def one() -> None:
         entries: List[Entry] = []
         for x, out in zip(inputs, outputs):
-            request = make_request(f"cpu.{op}", rtype, dtype, x.shape, ReduceOp.SUM, root=0)
+            request = single_request(f"cpu.{op}", rtype, dtype, x.shape, ReduceOp.SUM, root=0)
             entries.append(Entry(request, x, out, Handle(request.name)))
         rounds = []
         for side, entry in zip(sides, entries):

@@ -297,6 +297,7 @@ class FastRounds:
         # Read and written as Python ints through memoryviews: a fraction of numpy's per-element cost, which
         # a small round pays a few dozen times.
         self.words = [memoryview(h[:KEY_OFFSET]).cast("Q") for h in self.headers]
+        self._peer_words = [w for r, w in enumerate(self.words) if r != rank]     # what a ring looks at
         starts = [[b + FAST_HEADER_BYTES + i * FAST_SLOT_BYTES for i in range(2)] for b in bases]
         self.slots = [[area[s:s + FAST_SLOT_BYTES] for s in pair] for pair in starts]
         self.peers = [r for r in range(size) if r != rank]
@@ -339,7 +340,7 @@ class FastRounds:
         """Let go of the shared area (the engine stopped and no round is open), so that the segment can unmap."""
         self.off = True
         self.bell = None
-        self.headers, self.header_bytes, self.words, self.slots = [], [], [], []
+        self.headers, self.header_bytes, self.words, self.slots, self._peer_words = [], [], [], [], []
         self._views.clear()
         self._inputs.clear()
         self._roots.clear()
@@ -360,7 +361,7 @@ class FastRounds:
         bell.bump()
         with _FENCE:
             pass
-        for w in self.words:
+        for w in self._peer_words:
             if w[SLEEPING]:
                 bell.wake()
                 return
@@ -473,7 +474,10 @@ class FastRounds:
                 view = self._slot_views(b, 0, tensor.nbytes, tensor.dtype)[self.rank].reshape(tensor.shape)
             made = _keep(self._inputs, (key, b), (tensor.shape, view, float(request.prescale)))
         if made[1] is not None:
-            scaled_copy(made[1], tensor, made[2])
+            if made[2] == 1.0:
+                np.copyto(made[1], tensor)
+            else:
+                scaled_copy(made[1], tensor, made[2])
 
     def post_slow(self, seal: bool = False) -> None:
         """Post this rank's next record as SLOW; ``seal`` (a join) makes every later one SLOW too."""
@@ -502,13 +506,20 @@ class FastRounds:
                 break
         b = k % 2
         at = KEY_OFFSET + b * KEY_ROOM
-        fast = [p for p in self.peers if words[p][COUNT] >= k and words[p][FAST_ROUND + b] == k]
-        matched = len(fast) == len(self.peers)
         length = len(key)
-        for p in fast if matched else ():
-            if words[p][KEY_LENGTH + b] != length or headers[p][at:at + length] != key:
+        end, posted_round, posted_length = at + length, FAST_ROUND + b, KEY_LENGTH + b
+        # One pass over the peers (a round's most repeated step): each peer's count, then its record's round,
+        # then its key, the order in which their owner wrote them last.
+        fast: List[int] = []
+        matched = True
+        for p in self.peers:
+            w = words[p]
+            if w[COUNT] >= k and w[posted_round] == k:
+                fast.append(p)
+                if matched and (w[posted_length] != length or headers[p][at:end] != key):
+                    matched = False
+            else:
                 matched = False
-                break
         self.readers[b] = fast
         if not matched:
             words[self.rank][RESOLVED] = k
