@@ -369,7 +369,8 @@ class FastRounds:
     def key(self, request: Request, nbytes: int) -> Optional[bytes]:
         """The round's key for ``request`` on this set (:func:`key_of`), or None when it cannot go fast."""
         made = self._keys.get(request.name)
-        if made is not None and made[1] == nbytes and made[2] == self.roomy and made[0] == request:
+        if made is not None and made[1] == nbytes and made[2] == self.roomy and (made[0] is request
+                                                                             or made[0] == request):
             return made[3]
         direct = goes_direct(request.rtype, nbytes, self.size, self.pids is not None, self.roomy)
         key = key_of(request, nbytes, self.ranks, direct)
