@@ -239,6 +239,24 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
                        and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]))
 
 
+_THREAD = threading.local()
+
+
+def _keep_thread_state() -> None:
+    """Keep the Python thread state of the TensorFlow thread this kernel runs on, from its first call on.
+
+    A ctypes callback on a thread that Python did not start makes a thread state on entry and destroys it on
+    return (``PyGILState_Ensure``/``Release``), so every call paid for a new one, and found every thread-local
+    (the op layer's, the engine's) empty: 51 µs of a 4 KB allreduce inside a ``tf.function`` (218 -> 167 µs, 2
+    ranks; a ``tf.function`` of one multiply takes 95 µs here). One more ``PyGILState_Ensure``, never released,
+    keeps the state for the thread's life; this thread-local, kept with it, says the thread has one. TensorFlow's
+    inter-op and ``tf.data`` threads live as long as their pools: a pool's thread that exits leaves its state
+    (a few KB) behind."""
+    if not getattr(_THREAD, "kept", False):
+        ctypes.pythonapi.PyGILState_Ensure()
+        _THREAD.kept = True
+
+
 def _fail(api: _CApi, ctx: int, code: int, message: str) -> None:
     status = api.new_status()
     api.set_status(status, code, message.encode("utf-8", errors="replace"))
@@ -308,6 +326,7 @@ class _Kernel:
         @_COMPUTE
         def compute(kernel, ctx):
             try:
+                _keep_thread_state()
                 _run(api, kernel or 0, ctx)
             except BaseException:  # never let an exception escape into TensorFlow's thread
                 logger.exception("%s kernel failed", OP_TYPE)
