@@ -16,7 +16,7 @@ from horovod.common.types import DataType, ReduceOp, RequestType
 from horovod.core.controller import Coordinator
 from horovod.core.controller.messages import Tag, TensorResponse, make_request
 from horovod.core.controller.response_cache import ResponseCache
-from horovod.core.engine import Engine, Entry, loops, waits
+from horovod.core.engine import Engine, Entry, fast_rounds, loops, waits
 from horovod.core.engine.handles import Handle, several_threads
 from horovod.core.engine.settings import EngineSettings
 from horovod.core.engine.state import EngineState
@@ -63,6 +63,37 @@ def test_allreduce_and_the_cache_path():
         assert engine.cache.lookup("x") is not None
     finally:
         engine.shutdown()
+
+
+@pytest.mark.skipif(not fast_rounds.supported(), reason="fast rounds need a futex and x86-64")
+def test_a_blocking_collective_of_one_rank_completes_on_the_callers_thread():
+    """A set of one rank has fast rounds of its own (a private area): a blocking call is complete when
+    ``submit_blocking`` returns, with the scale factors applied and nothing sent to the engine thread; a
+    rank of a larger set whose plane has no room for its peers (the wait-notice tests' worker) has none."""
+    engine = make_engine()
+    try:
+        assert engine.fast is not None
+        x = np.arange(6, dtype=np.float32).reshape(3, 2)
+        cases = [(RequestType.ALLREDUCE, dict(prescale=0.5, postscale=3.0), x * 1.5),
+                 (RequestType.ALLGATHER, {}, x), (RequestType.BROADCAST, dict(root=0), x),
+                 (RequestType.REDUCESCATTER, dict(postscale=2.0), x * 2)]
+        for i, (rtype, kw, expected) in enumerate(cases):
+            handle = Handle(f"one.{i}")
+            request = make_request(f"one.{i}", rtype, DataType.FLOAT32, x.shape, ReduceOp.SUM, **kw)
+            output = np.empty_like(x) if rtype in (RequestType.ALLREDUCE, RequestType.BROADCAST) else None
+            engine.submit_blocking(Entry(request, x, output, handle))
+            assert handle.poll(), RequestType(rtype).name
+            np.testing.assert_array_equal(handle.wait(timeout=0), expected)
+        assert engine.fast.matched == len(cases)
+        np.testing.assert_array_equal(x, np.arange(6, dtype=np.float32).reshape(3, 2))     # inputs untouched
+    finally:
+        engine.shutdown()
+    ours, theirs = socket.socketpair()
+    try:
+        assert Engine(1, 2, LocalBackend(), {0: ours}, EngineSettings(**SMALL)).fast is None
+    finally:
+        ours.close()
+        theirs.close()
 
 
 def test_duplicate_name_in_one_submission_is_refused():
@@ -391,7 +422,7 @@ def test_without_polling_a_blocking_call_does_not_wake_the_engine(worker, monkey
 
 def test_rank_0_stops_polling_when_its_answer_wakes_a_waiter_and_polls_after_one_nobody_waits_on():
     backend = BlockingBackend()                           # holds the first allreduce until released
-    engine = make_engine(backend, spin_us=5e6)
+    engine = make_engine(backend, spin_us=5e6, fast_rounds=False)    # the blocking call through the engine thread
     try:
         assert _until(lambda: engine.sleeping)
         handle = submit_blocking(engine, "b", np.ones(3, np.float32))

@@ -158,12 +158,17 @@ class Engine:
         return next((o for o in self.hooks.all if isinstance(o, kind)), None)
 
     def _fast_rounds(self, backend: Backend) -> Optional[fast_rounds.FastRounds]:
-        """Fast rounds when every rank of the set shares this host's segment (see fast_rounds.py)."""
+        """Fast rounds when every rank of the set shares this host's segment (see fast_rounds.py), and for a set
+        of one rank (a private area: every round matches at once). An area too small for the set's ranks (a
+        one-rank plane under a larger set, as the engine's tests make) gives none."""
         area = getattr(backend, "fast_area", None)
-        if area is None or self.size < 2 or not self.settings.fast_rounds or not fast_rounds.supported():
+        if area is None or not self.settings.fast_rounds or not fast_rounds.supported():
+            return None
+        made = area()
+        if made.nbytes < fast_rounds.area_bytes(self.size):
             return None
         pids = getattr(backend, "cross_memory_pids", lambda: None)()
-        return fast_rounds.FastRounds(area(), self.rank, self.size, self.ranks, pids)
+        return fast_rounds.FastRounds(made, self.rank, self.size, self.ranks, pids)
 
     def enqueue(self, entries: List[Entry]) -> None:
         """Submit entries (all or none); ValueError for a name already in flight on this rank."""
