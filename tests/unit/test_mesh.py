@@ -1,7 +1,9 @@
 """``horovod.backends.mesh.build_mesh``: ranks in threads of one process connect to each other (same host: Unix
 sockets; a host name of their own: TCP), stray connections are rejected, and a peer that does not connect within
 ``HOROVOD_GLOO_TIMEOUT_SECONDS`` fails the set-up with HorovodInternalError naming it."""
+import os
 import socket
+import sys
 import threading
 import time
 
@@ -16,6 +18,14 @@ from tests.support.timing import SLACK_S
 pytestmark = pytest.mark.timeout(60)
 
 KEY = b"k" * 32
+
+
+@pytest.fixture(autouse=True)
+def _own_key(monkeypatch):
+    """A key of each test's own: a rank's abstract Unix socket is named after the key's fingerprint, the
+    generation, the host and the rank, so tests that reuse all four (rank 0 of host "h") would otherwise bind a
+    name that the test before may still hold (CI saw EADDRINUSE once)."""
+    monkeypatch.setattr(sys.modules[__name__], "KEY", os.urandom(32))
 
 
 class Board:
