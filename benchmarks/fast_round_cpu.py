@@ -14,48 +14,34 @@ a real job (one rank per core) does not show.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 from typing import Callable, List
 
 import numpy as np
 
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import fast_area_bytes
+from horovod.bench.report import parse_size
 from horovod.common.types import ReduceOp, RequestType, data_type_of
 from horovod.core.controller.messages import single_request
 from horovod.core.engine import fast_rounds
 from horovod.core.engine.entry import Entry
 from horovod.core.engine.handles import Handle
-from horovod.core.engine.state import EngineState
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.fast_rounds import RunningEngine
 
 SIZE = 2
 TYPES = {"allreduce": RequestType.ALLREDUCE, "broadcast": RequestType.BROADCAST,
          "allgather": RequestType.ALLGATHER, "reducescatter": RequestType.REDUCESCATTER}
 
 
-class _Running:
-    """The engine a round asks about while it waits (it never does here)."""
-
-    state = EngineState.RUNNING
-    error = None
-    spin_s = 0.0
-
-    def park(self, entry, since) -> None:
-        pass
-
-    def unpark(self, entry) -> None:
-        pass
-
-
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
 def round_maker(op: str, nbytes: int) -> Callable[[], None]:
     """One 2-rank round of ``op`` on ``nbytes`` (an allgather's whole output), both sides in this thread."""
-    area = np.zeros(FAST_LINE_BYTES + SIZE * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    area = np.zeros(fast_area_bytes(SIZE), np.uint8)
     sides = [fast_rounds.FastRounds(area, r, SIZE, list(range(SIZE)), None) for r in range(SIZE)]
-    rtype, engine = TYPES[op], _Running()
+    rtype, engine = TYPES[op], RunningEngine()   # never asked: nothing waits
     count = nbytes // 4 // (SIZE if op == "allgather" else 1)
     inputs = [np.ones(count, np.float32) for _ in range(SIZE)]
     outputs = [np.empty_like(x) if op in ("allreduce", "broadcast") else None for x in inputs]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from horovod.backends import cma
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import FAST_SLOT_BYTES, fast_area_bytes
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.types import RequestType, data_type_of
 from horovod.core.controller.messages import make_request
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not fast_rounds.supported() or not _may_copy(),
 def _sides(pids: Optional[List[int]], roomy=(True, True), size: int = 2) -> List[fast_rounds.FastRounds]:
     """``size`` ranks' sides (two by default); ``roomy``: whether each believes every rank has a core of its
     own."""
-    area = np.zeros(FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    area = np.zeros(fast_area_bytes(size), np.uint8)
     if pids is not None:
         pids = [pids[0]] * size
     sides = [fast_rounds.FastRounds(area, r, size, list(range(size)), pids) for r in range(size)]

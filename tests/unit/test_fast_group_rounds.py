@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from horovod.backends.reduce import reduce_in_order, scaled_copy
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import FAST_SLOT_BYTES, fast_area_bytes
 from horovod.common.types import ReduceOp, RequestType, data_type_of
 from horovod.core.controller.messages import group_requests, make_request
 from horovod.core.engine import fast_rounds
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not fast_rounds.supported(), reason="fast rounds
 
 
 def _sides(size: int) -> List[fast_rounds.FastRounds]:
-    area = np.zeros(FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    area = np.zeros(fast_area_bytes(size), np.uint8)
     return [fast_rounds.FastRounds(area, r, size, list(range(size))) for r in range(size)]
 
 

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import fast_area_bytes
 from horovod.common.types import ReduceOp, RequestType, data_type_of
 from horovod.core.controller.messages import make_request
 from horovod.core.engine import fast_rounds
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not fast_rounds.supported(), reason="fast rounds
 
 
 def _area(size: int = 2) -> np.ndarray:
-    return np.zeros(FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    return np.zeros(fast_area_bytes(size), np.uint8)
 
 
 def _sides(area: np.ndarray, size: int = 2):

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import fast_area_bytes
 from horovod.common.types import RequestType, data_type_of
 from horovod.core.controller.messages import make_request
 from horovod.core.engine import fast_rounds
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not fast_rounds.supported(), reason="fast rounds
 
 
 def _sides():
-    area = np.zeros(FAST_LINE_BYTES + 2 * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES), np.uint8)
+    area = np.zeros(fast_area_bytes(2), np.uint8)
     return [fast_rounds.FastRounds(area, r, 2, [0, 1]) for r in range(2)]
 
 

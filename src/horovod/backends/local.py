@@ -8,7 +8,7 @@ import numpy as np
 from horovod.backends.adasum import check_dtype
 from horovod.backends.base import Backend
 from horovod.backends.reduce import scale_inplace, scaled_copy
-from horovod.backends.shm import FAST_HEADER_BYTES, FAST_LINE_BYTES, FAST_SLOT_BYTES
+from horovod.backends.shm import fast_area_bytes
 from horovod.common.types import ReduceOp
 
 
@@ -50,4 +50,4 @@ class LocalBackend(Backend):
         """The bytes of the engine's fast rounds, as the shm plane lays them out for one rank: a blocking
         collective of one rank then completes on the caller's thread (core/engine/fast_rounds.py), not through
         the engine thread (a 4 KB allreduce 114-124 us -> 7). Zeroed and private: nobody else reads them."""
-        return np.zeros(FAST_LINE_BYTES + FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES, np.uint8)
+        return np.zeros(fast_area_bytes(1), np.uint8)

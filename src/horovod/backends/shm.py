@@ -65,6 +65,12 @@ FAST_HEADER_BYTES = 512
 FAST_SLOT_BYTES = 1024 * 1024
 
 
+def fast_area_bytes(size: int) -> int:
+    """The bytes of the fast rounds' area for ``size`` ranks: the shared line, then each rank's header and two
+    slots."""
+    return FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES)
+
+
 def _align_down(n: int, unit: int) -> int:
     return max(unit, n - n % unit)
 
@@ -76,7 +82,7 @@ class ShmSegment:
         self.comm = comm
         self.chunk = _align_down(chunk_bytes, ALIGN * max(1, comm.size))
         self.records_end = self.chunk * (comm.size + 1) + RECORD_WORDS * 8 * comm.size
-        self.nbytes = self.records_end + FAST_LINE_BYTES + (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES) * comm.size
+        self.nbytes = self.records_end + fast_area_bytes(comm.size)
         path = f"/dev/shm/horovod-{tag}"
         if comm.rank == 0:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVa
 
 from horovod.backends.base import Backend
 from horovod.backends.comm import PeerLostError
+from horovod.backends.shm import fast_area_bytes
 from horovod.common.exceptions import SHUT_DOWN_MESSAGE, HorovodInternalError
 from horovod.common.types import RequestType
 from horovod.core.controller import Coordinator
@@ -165,7 +166,7 @@ class Engine:
         if area is None or not self.settings.fast_rounds or not fast_rounds.supported():
             return None
         made = area()
-        if made.nbytes < fast_rounds.area_bytes(self.size):
+        if made.nbytes < fast_area_bytes(self.size):
             return None
         pids = getattr(backend, "cross_memory_pids", lambda: None)()
         return fast_rounds.FastRounds(made, self.rank, self.size, self.ranks, pids)

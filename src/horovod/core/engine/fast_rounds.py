@@ -162,12 +162,6 @@ class Parking(Protocol):
         """The round that :meth:`park` reported has closed."""
 
 
-def area_bytes(size: int) -> int:
-    """The bytes of shared area that the fast rounds of ``size`` ranks use: the doorbell's line, then each rank's
-    header and two slots."""
-    return FAST_LINE_BYTES + size * (FAST_HEADER_BYTES + 2 * FAST_SLOT_BYTES)
-
-
 def supported() -> bool:
     """Fast rounds need a futex and x86-64's ordering of plain stores and loads."""
     return doorbell.available() and platform.machine() == "x86_64"
